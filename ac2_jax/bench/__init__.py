@@ -1,0 +1,1 @@
+"""Benchmarks behind launch/bench.py: one module per subject, each with main(argv)."""

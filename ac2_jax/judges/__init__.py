@@ -1,0 +1,1 @@
+"""ac2_jax.judges"""
