@@ -93,6 +93,12 @@ class ModelConfig:
       raise ValueError(f"config.json: hidden_act {hf.get('hidden_act')!r} is not 'silu'")
     if hf.get('rope_scaling'):
       raise ValueError(f"config.json: rope_scaling {hf['rope_scaling']!r} is not supported")
+    # transformers >= 5 writes rope settings as `rope_parameters`; older files use `rope_theta`.
+    rope = hf.get('rope_parameters') or {}
+    if rope.get('rope_type', 'default') != 'default':
+      raise ValueError(f"config.json: rope_parameters {rope!r} is not supported (only 'default')")
+    if hf.get('use_sliding_window', False):
+      raise ValueError('config.json: use_sliding_window=True is not supported')
     required = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
                 'num_attention_heads', 'num_key_value_heads')
     missing = [k for k in required if k not in hf]
@@ -106,7 +112,7 @@ class ModelConfig:
         num_heads=hf['num_attention_heads'],
         num_kv_heads=hf['num_key_value_heads'],
         head_dim=hf.get('head_dim', hf['hidden_size'] // hf['num_attention_heads']),
-        rope_theta=float(hf.get('rope_theta', 1_000_000.0)),
+        rope_theta=float(rope.get('rope_theta', hf.get('rope_theta', 1_000_000.0))),
         rms_norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
         tie_embeddings=bool(hf.get('tie_word_embeddings', True)),
         max_position_embeddings=int(hf.get('max_position_embeddings', 40_960)),

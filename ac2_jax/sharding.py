@@ -1,0 +1,212 @@
+"""Device mesh (data, fsdp, tensor), partition rules for every parameter, batch sharding, multi-host start.
+
+Axes:
+  data    pure data parallelism: parameters replicated, batch split.
+  fsdp    batch split, and parameters split along their embedding (hidden) dimension (ZeRO-3 style).
+  tensor  attention heads and FFN columns (and the vocabulary) split across devices.
+
+Parameters are matched by explicit regex rules on their '/'-joined tree path. A rule matches a path
+suffix, so the same rules shard gradient trees and optimizer states (whose paths end in the
+parameter's path, e.g. `0/mu/layers_3/mlp/up_proj/kernel`). Every non-scalar leaf must match a rule
+and every non-optional rule must match a leaf; otherwise `param_partition_specs` raises, naming it.
+
+Indivisible dimensions: when a mesh is given, a dimension whose size is not a multiple of the mesh
+axes assigned to it is replicated instead (so tiny test configs run on any mesh). Full-size presets
+divide evenly on the usual meshes, so nothing is silently replicated there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ('data', 'fsdp', 'tensor')
+# The batch dimension is split over both data-parallel axes.
+BATCH_AXES = ('data', 'fsdp')
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh axis sizes; exactly one may be -1, meaning 'all remaining devices'."""
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+
+  def resolve(self, num_devices: int) -> tuple[int, int, int]:
+    """Axis sizes (data, fsdp, tensor) for `num_devices` devices."""
+    sizes = (self.data, self.fsdp, self.tensor)
+    for name, size in zip(AXES, sizes):
+      if size == 0 or size < -1:
+        raise ValueError(f'MeshConfig.{name}={size}: sizes must be positive or -1 (fill)')
+    fills = [n for n, s in zip(AXES, sizes) if s == -1]
+    if len(fills) > 1:
+      raise ValueError(f'MeshConfig: at most one axis may be -1, got {fills}')
+    fixed = math.prod(s for s in sizes if s != -1)
+    if fills:
+      if num_devices % fixed:
+        raise ValueError(f'MeshConfig {sizes}: {num_devices} devices are not divisible by the '
+                         f'fixed axes (product {fixed}) to fill axis {fills[0]!r}')
+      sizes = tuple(num_devices // fixed if s == -1 else s for s in sizes)
+    elif fixed != num_devices:
+      raise ValueError(f'MeshConfig {sizes}: product {fixed} != number of devices {num_devices}')
+    return sizes
+
+
+def make_mesh(config: MeshConfig, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A mesh with axes ('data', 'fsdp', 'tensor') over `devices` (default: all global devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = config.resolve(len(devices))
+  # Auto axes: shardings are hints to the compiler, not part of array types.
+  return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """Leaves whose path ends with `pattern` get `spec` (one entry per array dimension)."""
+  pattern: str
+  spec: tuple
+  # An optional rule may match nothing (e.g. lm_head in a tied model).
+  optional: bool = False
+
+
+# One rule per parameter kind of the Qwen3 decoder (shapes as in models/qwen3.py).
+DEFAULT_RULES = (
+    Rule(r'embed_tokens/embedding', ('tensor', 'fsdp')),             # [V, E]
+    Rule(r'self_attn/[qkv]_proj/kernel', ('fsdp', 'tensor', None)),  # [E, H|K, D]
+    Rule(r'self_attn/o_proj/kernel', ('tensor', None, 'fsdp')),      # [H, D, E]
+    Rule(r'mlp/(gate|up)_proj/kernel', ('fsdp', 'tensor')),          # [E, F]
+    Rule(r'mlp/down_proj/kernel', ('tensor', 'fsdp')),               # [F, E]
+    Rule(r'lm_head/kernel', ('fsdp', 'tensor'), optional=True),      # [E, V]
+    # RMSNorm scales are tiny: replicate.
+    Rule(r'(input_layernorm|post_attention_layernorm|q_norm|k_norm|norm)/scale', (None,)),
+)
+
+
+def path_str(path) -> str:
+  """'/'-joined tree path: ('layers_0', 'mlp', ...) -> 'layers_0/mlp/...'."""
+  parts = []
+  for key in path:
+    for attr in ('key', 'name', 'idx'):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+    else:
+      parts.append(str(key))
+  return '/'.join(parts)
+
+
+def _axis_size(mesh: Mesh, entry) -> int:
+  names = entry if isinstance(entry, tuple) else (entry,)
+  return math.prod(mesh.shape[n] for n in names)
+
+
+def fit_spec(spec: Sequence, shape: Sequence[int], mesh: Optional[Mesh]) -> P:
+  """`spec` with every entry that does not divide its dimension (on `mesh`) replaced by None."""
+  if mesh is None:
+    return P(*spec)
+  return P(*(e if e is None or dim % _axis_size(mesh, e) == 0 else None
+             for e, dim in zip(spec, shape)))
+
+
+def param_partition_specs(tree: Any, mesh: Optional[Mesh] = None,
+                          rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
+  """A PartitionSpec for every leaf of `tree` (arrays or ShapeDtypeStructs), by `rules`.
+
+  Scalars (e.g. an optimizer step count) are replicated without a rule. With a `mesh`, indivisible
+  dimensions fall back to replication (see module docstring).
+  """
+  compiled = [(rule, re.compile(r'(^|/)(' + rule.pattern + r')$')) for rule in rules]
+  used = set()
+
+  def spec_for(path, leaf):
+    name = path_str(path)
+    shape = np.shape(leaf)
+    if not shape:
+      return P()
+    for i, (rule, regex) in enumerate(compiled):
+      if regex.search(name):
+        if len(rule.spec) != len(shape):
+          raise ValueError(f'partition rule {rule.pattern!r} has {len(rule.spec)} entries but '
+                           f'{name} has shape {shape}')
+        used.add(i)
+        return fit_spec(rule.spec, shape, mesh)
+    raise ValueError(f'no partition rule matches parameter {name} (shape {shape})')
+
+  specs = jax.tree_util.tree_map_with_path(spec_for, tree)
+  unused = [rule.pattern for i, (rule, _) in enumerate(compiled)
+            if i not in used and not rule.optional]
+  if unused:
+    raise ValueError(f'partition rules match no parameter: {unused}')
+  return specs
+
+
+def param_shardings(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
+  """NamedShardings for every leaf of `tree` (same structure)."""
+  specs = param_partition_specs(tree, mesh, rules)
+  return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
+                                is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
+  """`params` placed on `mesh` by the partition rules."""
+  return jax.device_put(params, param_shardings(params, mesh, rules))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension split over ('data', 'fsdp'); other dimensions replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def shard_batch(tree: Any, mesh: Mesh) -> Any:
+  """Places a host batch on `mesh`, splitting every leaf's leading dimension over (data, fsdp).
+
+  Each process passes its own slice of the global batch (in a single process: the whole batch).
+  Scalar leaves are replicated.
+  """
+  batch_devices = _axis_size(mesh, BATCH_AXES)
+  replicated = NamedSharding(mesh, P())
+
+  def put(path, leaf):
+    local = np.asarray(leaf)
+    if local.ndim == 0:
+      return jax.make_array_from_process_local_data(replicated, local)
+    global_rows = local.shape[0] * jax.process_count()
+    if global_rows % batch_devices:
+      raise ValueError(f'batch leaf {path_str(path) or "<root>"}: global batch size {global_rows} '
+                       f'is not divisible by data*fsdp = {batch_devices}')
+    return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
+
+  return jax.tree_util.tree_map_with_path(put, tree)
+
+
+def cache_sharding(mesh: Mesh, num_kv_heads: int, batch: int) -> NamedSharding:
+  """Sharding of a KV cache [L, B, S, K, D]: batch over (data, fsdp), KV heads over tensor."""
+  spec = fit_spec((None, BATCH_AXES, None, 'tensor', None), (0, batch, 0, num_kv_heads, 0), mesh)
+  return NamedSharding(mesh, spec)
+
+
+def initialize_multihost(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
+                         process_id: Optional[int] = None) -> None:
+  """Starts JAX's multi-process runtime; call before any other JAX call.
+
+  With no arguments JAX detects the cluster itself (TPU pods, SLURM, ...). Otherwise all three
+  must be given: coordinator 'host:port', the number of processes and this process's id.
+  """
+  given = [a is not None for a in (coordinator, num_processes, process_id)]
+  if not any(given):
+    jax.distributed.initialize()
+    return
+  if not all(given):
+    raise ValueError('initialize_multihost: give all of coordinator, num_processes and process_id '
+                     f'or none of them (got coordinator={coordinator!r}, '
+                     f'num_processes={num_processes!r}, process_id={process_id!r})')
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f'initialize_multihost: process_id={process_id} not in [0, {num_processes})')
+  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                             process_id=process_id)
