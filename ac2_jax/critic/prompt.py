@@ -1,0 +1,90 @@
+"""The critic prompt at token level: the policy itself, asked for the value of a partial response.
+
+Context (AC2 paper, Appendix C): problem prompt ids + partial response ids + a closing `</think>` when the
+response has none + `<|im_end|>\\n` + a user turn with the instruction + an assistant turn prefilled with an
+empty thinking section and "Q value: ". The critic then greedily emits a grid value and `<|im_end|>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ac2_jax import tokenization
+from ac2_jax.critic import values
+
+REFERENCE_SLOT = '{reference}'
+ANSWER_STEM = 'Q value: '
+
+_ASK = ('Pause here and estimate how much rubric credit this attempt will earn if you continue it to '
+        'completion within its remaining token budget: 0 means no credit, 1 means full credit for a complete '
+        'and correct proof, and values in between mean partial credit.')
+_ANSWER_FORMAT = ("Don't think; answer immediately with a single line and nothing else:\n"
+                  'Q value: z\n'
+                  'where z is one of 0, 0.1, ..., 1. The first characters of your response must be '
+                  '`Q value:`.')
+
+# The proof task's instructions, verbatim from the AC2 paper (Appendix C, "Critic prompt").
+PROOF_INSTRUCTION = _ASK + '\n\n' + _ANSWER_FORMAT
+PROOF_INSTRUCTION_WITH_REFERENCE = (
+    _ASK + '\n\nYou should refer to a reference correct proof here:\n' + REFERENCE_SLOT + '\n\n'
+    + _ANSWER_FORMAT)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticInstructions:
+  """The user-turn text of the critic prompt; a task may supply its own."""
+
+  plain: str = PROOF_INSTRUCTION
+  # Must contain '{reference}' exactly once; the reference solution's text replaces it.
+  with_reference: str = PROOF_INSTRUCTION_WITH_REFERENCE
+
+  def __post_init__(self):
+    if self.with_reference.count(REFERENCE_SLOT) != 1:
+      raise ValueError(f'CriticInstructions.with_reference must contain {REFERENCE_SLOT!r} exactly once')
+    if REFERENCE_SLOT in self.plain:
+      raise ValueError(f'CriticInstructions.plain must not contain {REFERENCE_SLOT!r}')
+
+  def render(self, reference: str | None) -> str:
+    # str.replace rather than str.format: instructions and proofs are full of LaTeX braces.
+    if reference is None:
+      return self.plain
+    return self.with_reference.replace(REFERENCE_SLOT, reference)
+
+
+PROOF_INSTRUCTIONS = CriticInstructions()
+
+
+def critic_context_ids(tok: tokenization.Tokenizer, prompt_ids: Sequence[int],
+                       response_ids: Sequence[int], *, reference: str | None = None,
+                       instructions: CriticInstructions = PROOF_INSTRUCTIONS) -> list[int]:
+  """Token ids the critic reads to value the state `prompt_ids + response_ids`.
+
+  `prompt_ids` is the rendered problem (ending in the assistant header, usually `<think>\\n`) and
+  `response_ids` the partial response, possibly empty. With `reference`, the instruction quotes it.
+  """
+  think_close = tok.token_id(tokenization.THINK_CLOSE)
+  ids = list(prompt_ids) + list(response_ids)
+  if think_close not in response_ids:
+    ids.append(think_close)
+  ids += [tok.eos_id] + tok.encode('\n')
+  ids += tokenization.render_chat(
+      tok, [tokenization.Turn('user', instructions.render(reference))], generation_prompt=False)
+  ids += tokenization.render_assistant_prefill(tok, ANSWER_STEM)
+  return ids
+
+
+def value_target_ids(tok: tokenization.Tokenizer, value: float) -> list[int]:
+  """The critic's training target after the prefill: the formatted grid value, then `<|im_end|>`."""
+  return tok.encode(values.format_value(value)) + [tok.eos_id]
+
+
+def prompt_variants(reference: str | None) -> list[tuple[str | None, float]]:
+  """(reference or None, record weight w) for each prompt a prefix-target pair is trained under.
+
+  With a reference the pair is trained under both prompts at w = 1/2 each, without one under the plain
+  prompt at w = 1 (AC2 step 9).
+  """
+  if reference is None:
+    return [(None, 1.0)]
+  return [(reference, 0.5), (None, 0.5)]

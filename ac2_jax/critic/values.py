@@ -1,0 +1,69 @@
+"""The critic's value grid: rounding targets onto it, parsing the critic's reply, formatting targets.
+
+The critic answers with one of {0, 0.1, ..., 1}. Targets (group means) are rounded to the nearest grid value
+with ties rounded down; a reply is parsed by its leading number and is invalid when that number is off the grid.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax.numpy as jnp
+
+GRID_STEPS = 10
+GRID = tuple(i / GRID_STEPS for i in range(GRID_STEPS + 1))
+
+# The leading number of a reply (ALGORITHMS.md, AC2 step 8). Anything after it is ignored.
+VALUE_PATTERN = re.compile(r'^\s*(1(?:\.0+)?|0(?:\.\d+)?|\.\d+)')
+
+# Group means of g values on a 1/10 or 1/7 lattice sit at least 1/(7 g) grid steps from a tie unless they
+# are exactly on it, so this tolerance only absorbs floating-point error (0.15000000000000002 is a tie).
+_TIE_TOLERANCE = 1e-5
+
+
+def round_to_grid(x: float) -> float:
+  """Nearest value of `GRID` to `x` (clamped to [0, 1]); an exact tie rounds down (0.25 -> 0.2)."""
+  x = float(x)
+  if not math.isfinite(x):
+    raise ValueError(f'round_to_grid: value must be finite, got {x!r}')
+  steps = math.ceil(x * GRID_STEPS - 0.5 - _TIE_TOLERANCE)
+  return min(max(steps, 0), GRID_STEPS) / GRID_STEPS
+
+
+def round_to_grid_jnp(x_N: jnp.ndarray) -> jnp.ndarray:
+  """`round_to_grid` elementwise on an array, for jitted code (float32 result)."""
+  x_N = jnp.asarray(x_N, jnp.float32)
+  steps = jnp.ceil(x_N * GRID_STEPS - 0.5 - _TIE_TOLERANCE)
+  return jnp.clip(steps, 0, GRID_STEPS) / GRID_STEPS
+
+
+def is_on_grid(x: float) -> bool:
+  steps = float(x) * GRID_STEPS
+  return 0.0 <= float(x) <= 1.0 and abs(steps - round(steps)) < 1e-9
+
+
+def parse_value(text: str) -> float | None:
+  """The grid value a critic reply starts with, or None when there is none or it is off the grid.
+
+  '0.7', ' .7 and more', '1.00' -> 0.7, 0.7, 1.0; '0.25', 'Q value: 0.7', '' -> None.
+  """
+  if not isinstance(text, str):
+    raise TypeError(f'parse_value expects a str, got {type(text).__name__}')
+  match = VALUE_PATTERN.match(text)
+  if match is None:
+    return None
+  value = float(match.group(1))
+  if not is_on_grid(value):
+    return None
+  return round(value * GRID_STEPS) / GRID_STEPS
+
+
+def format_value(value: float) -> str:
+  """The text the critic is trained to emit for a grid value: '0', '0.1', ..., '0.9', '1'."""
+  if not is_on_grid(value):
+    raise ValueError(f'format_value: {value!r} is not on the grid {{0, 0.1, ..., 1}}')
+  steps = round(float(value) * GRID_STEPS)
+  if steps in (0, GRID_STEPS):
+    return str(steps // GRID_STEPS)
+  return f'0.{steps}'
