@@ -1,0 +1,335 @@
+"""The built-in task: a chain of modular arithmetic with every intermediate result written out.
+
+A problem is a start value s and K steps `op a` (op in + - *) applied modulo a prime p:
+
+  prompt:    Start at 7 and apply modulo 13: +5 *3 -2 *7 +11 -4 *2 +9
+             Write each result, then the last in <answer></answer>.
+  response:  +5=12            (inside the thinking section the prompt opened)
+             *3=10
+             ...
+             +9=4
+             </think>
+
+             <answer>4</answer>
+
+The modulus is prime and no step multiplies by 0, so every step is a bijection: one wrong
+intermediate value can never end in the right answer (an early mistake dooms the result). With
+digits as single tokens a K=8, p=13 response is about 50 tokens, K=12 about 75: at least four
+chunks of the CPU default chunk size (8-12 tokens).
+
+Scoring (0..7, like the proof judge) parses the response and never evaluates it: c = the number of
+leading lines that equal the true steps (operator, operand and value), points = floor(6 c / K),
+plus 1 when the whole chain and the answer are right. A response without a complete answer block
+after `</think>` scores 0 (valid), as a proof without a proof block does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ac2_jax import tokenization
+from ac2_jax.judges import grading
+from ac2_jax.tasks import base
+
+NAME = 'builtin_chain'
+ANSWER_OPEN = '<answer>'
+ANSWER_CLOSE = '</answer>'
+OPS = '+-*'
+VALUE_GRID = ('0', '0.1', '0.2', '0.3', '0.4', '0.5', '0.6', '0.7', '0.8', '0.9', '1')
+# The critic's answer stem (ALGORITHMS.md AC2 item 8); one token in the built-in tokenizer.
+CRITIC_STEM = 'Q value:'
+# Pieces that are always one token in the built-in tokenizer (the chat specials come on top).
+SPECIAL_SYMBOLS = ((ANSWER_OPEN, ANSWER_CLOSE, CRITIC_STEM) + VALUE_GRID
+                   + tuple(str(d) for d in range(2, 10)))
+
+_PROMPT = ('Start at {start} and apply modulo {modulus}: {steps}\n'
+           'Write each result, then the last in <answer></answer>.')
+_PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+): ((?:[+\-*]\d+ ?)+)\n')
+_STEP_RE = re.compile(r'([+\-*])(\d+)')
+_LINE_RE = re.compile(r'([+\-*])(\d{1,4})=(\d{1,4})')
+_ANSWER_RE = re.compile(r'\d{1,4}')
+
+_CRITIC = ('Pause here and estimate how much credit this attempt will earn if you continue it to '
+           'the end: 0 means no credit, 1 means every result and the answer are right, and values '
+           'in between mean partial credit.{reference}\nAnswer with a single line: Q value: z '
+           'where z is one of 0, 0.1, ..., 1.')
+_CRITIC_REFERENCE = '\nCompare with a correct solution:\n{reference}'
+
+
+def _is_prime(n: int) -> bool:
+  return n >= 2 and all(n % d for d in range(2, int(n ** 0.5) + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainSettings:
+  """The difficulty knob and the size of the data set."""
+
+  steps: int = 8  # K: operations per problem
+  modulus: int = 13  # a prime, so that every step is invertible
+  num_train: int = 20_000
+  num_validation: int = 256
+  seed: int = 0
+  # One problem in `validation_every` (by a hash of its content) belongs to validation, so the
+  # split of a problem never depends on the seed or the counts.
+  validation_every: int = 8
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f'steps must be >= 1, got {self.steps}')
+    if not _is_prime(self.modulus) or self.modulus < 5:
+      raise ValueError(f'modulus must be a prime >= 5 (so every step is invertible), '
+                       f'got {self.modulus}')
+    if self.num_train < 1 or self.num_validation < 1:
+      raise ValueError(f'num_train and num_validation must be >= 1, got '
+                       f'{self.num_train}, {self.num_validation}')
+    if self.validation_every < 2:
+      raise ValueError(f'validation_every must be >= 2, got {self.validation_every}')
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainProblem:
+  start: int
+  ops: str  # one character per step
+  operands: tuple[int, ...]
+  modulus: int
+
+  def __post_init__(self):
+    if len(self.ops) != len(self.operands) or not self.ops:
+      raise ValueError(f'a chain needs as many operands as ops (>= 1): {self.ops!r} '
+                       f'{self.operands}')
+    if any(op not in OPS for op in self.ops):
+      raise ValueError(f'ops must be drawn from {OPS!r}, got {self.ops!r}')
+    if not 0 <= self.start < self.modulus:
+      raise ValueError(f'start {self.start} outside 0..{self.modulus - 1}')
+    for op, a in zip(self.ops, self.operands):
+      if not 1 <= a < self.modulus or (op == '*' and a == 1):
+        raise ValueError(f'step {op}{a} is not a nontrivial invertible step mod {self.modulus}')
+
+  @property
+  def steps(self) -> int:
+    return len(self.ops)
+
+  def step_strings(self) -> list[str]:
+    return [f'{op}{a}' for op, a in zip(self.ops, self.operands)]
+
+  def apply(self, step: int, value: int) -> int:
+    op, a = self.ops[step], self.operands[step]
+    if op == '+':
+      return (value + a) % self.modulus
+    if op == '-':
+      return (value - a) % self.modulus
+    return (value * a) % self.modulus
+
+  def values(self) -> list[int]:
+    """The true intermediate results; the last is the answer."""
+    out, v = [], self.start
+    for i in range(self.steps):
+      v = self.apply(i, v)
+      out.append(v)
+    return out
+
+  @property
+  def answer(self) -> int:
+    return self.values()[-1]
+
+  def key(self) -> str:
+    return f'{self.modulus}|{self.start}|{" ".join(self.step_strings())}'
+
+  def problem_id(self) -> str:
+    return f'chain-{hashlib.sha256(self.key().encode()).hexdigest()[:16]}'
+
+  def prompt(self) -> str:
+    return _PROMPT.format(start=self.start, modulus=self.modulus,
+                          steps=' '.join(self.step_strings()))
+
+
+def parse_problem(prompt: str) -> ChainProblem:
+  """The problem stated by a built-in prompt; ValueError when the text is not one."""
+  m = _PROMPT_RE.match(prompt)
+  if m is None:
+    raise ValueError(f'not a built-in chain prompt: {prompt[:80]!r}')
+  steps = _STEP_RE.findall(m.group(3))
+  return ChainProblem(start=int(m.group(1)), ops=''.join(op for op, _ in steps),
+                      operands=tuple(int(a) for _, a in steps), modulus=int(m.group(2)))
+
+
+def written_values(problem: ChainProblem, mistake_at: int | None = None,
+                   wrong_value: int | None = None) -> list[int]:
+  """The values a solver writes: the true chain, or one with a mistake at step `mistake_at`.
+
+  After the mistake the solver carries on correctly from the wrong value, so the answer is wrong.
+  """
+  if mistake_at is None:
+    return problem.values()
+  if not 0 <= mistake_at < problem.steps:
+    raise ValueError(f'mistake_at {mistake_at} outside 0..{problem.steps - 1}')
+  out, v = [], problem.start
+  for i in range(problem.steps):
+    v = problem.apply(i, v)
+    if i == mistake_at:
+      if wrong_value is None or wrong_value == v or not 0 <= wrong_value < problem.modulus:
+        raise ValueError(f'wrong_value {wrong_value} must differ from the true value {v} '
+                         f'and lie in 0..{problem.modulus - 1}')
+      v = wrong_value
+    out.append(v)
+  return out
+
+
+def steps_text(problem: ChainProblem, values: Sequence[int]) -> str:
+  return '\n'.join(f'{s}={v}' for s, v in zip(problem.step_strings(), values))
+
+
+def answer_text(value: int | str) -> str:
+  return f'{ANSWER_OPEN}{value}{ANSWER_CLOSE}'
+
+
+def thinking_and_answer(problem: ChainProblem, values: Sequence[int]) -> tuple[str, str]:
+  """The assistant turn's thinking section and its content (the answer block)."""
+  return steps_text(problem, values), answer_text(values[-1])
+
+
+def response_text(problem: ChainProblem, values: Sequence[int]) -> str:
+  """The text a model writes after the prompt's `<think>\\n` (end-of-turn token excluded)."""
+  thinking, content = thinking_and_answer(problem, values)
+  return f'{thinking}\n{tokenization.THINK_CLOSE}\n\n{content}'
+
+
+def reference_text(problem: ChainProblem) -> str:
+  """A correct solution as the critic sees it: the steps, then the answer block."""
+  values = problem.values()
+  return f'{steps_text(problem, values)}\n{answer_text(values[-1])}'
+
+
+def _thinking_lines(response: str) -> list[str]:
+  thinking = response.partition(tokenization.THINK_CLOSE)[0]
+  thinking = thinking.rpartition(tokenization.THINK_OPEN)[2]
+  return [line.strip() for line in thinking.split('\n') if line.strip()]
+
+
+def score_response(problem: ChainProblem, response: str) -> grading.Grade:
+  """Points 0..7 for one response (parsing only); see the module docstring for the rule."""
+  block = base.answer_block(response, ANSWER_OPEN, ANSWER_CLOSE)
+  if block is None:
+    return grading.no_answer_grade()
+  truth = problem.values()
+  correct = 0
+  for line, step, value in zip(_thinking_lines(response), problem.step_strings(), truth):
+    m = _LINE_RE.fullmatch(line)
+    if m is None or f'{m.group(1)}{int(m.group(2))}' != step or int(m.group(3)) != value:
+      break
+    correct += 1
+  answer = block.strip()
+  answer_right = _ANSWER_RE.fullmatch(answer) is not None and int(answer) == truth[-1]
+  k = problem.steps
+  points = (6 * correct) // k + int(correct == k and answer_right)
+  return grading.Grade(points=points, status=grading.STATUS_OK,
+                       detail=f'correct steps {correct}/{k}, answer '
+                              f'{"right" if answer_right else "wrong"}')
+
+
+def critic_instruction(reference: str | None) -> str:
+  """The built-in critic instruction (the AC2 paper's, shortened), with or without a reference."""
+  if reference is None:
+    return _CRITIC.format(reference='')
+  return _CRITIC.format(reference=_CRITIC_REFERENCE.format(reference=reference.strip()))
+
+
+def generate(settings: ChainSettings) -> dict[str, list[ChainProblem]]:
+  """Deterministic problems for both splits (disjoint: each problem has exactly one split)."""
+  rng = np.random.default_rng(settings.seed)
+  p, k = settings.modulus, settings.steps
+  want = {'train': settings.num_train, 'validation': settings.num_validation}
+  out: dict[str, list[ChainProblem]] = {'train': [], 'validation': []}
+  seen: set[str] = set()
+  capacity = p * (3 * (p - 1) - 1) ** k  # distinct problems there are
+  if capacity < 2 * (want['train'] + want['validation']):
+    raise ValueError(f'steps={k}, modulus={p} give only {capacity} distinct problems; ask for '
+                     f'fewer than half of that')
+  while any(len(out[s]) < want[s] for s in out):
+    batch = 4096
+    starts = rng.integers(0, p, size=batch)
+    ops = rng.integers(0, 3, size=(batch, k))
+    add = rng.integers(1, p, size=(batch, k))
+    mul = rng.integers(2, p, size=(batch, k))
+    for b in range(batch):
+      operands = tuple(int(mul[b, i] if ops[b, i] == 2 else add[b, i]) for i in range(k))
+      problem = ChainProblem(int(starts[b]), ''.join(OPS[o] for o in ops[b]), operands, p)
+      key = problem.key()
+      if key in seen:
+        continue
+      seen.add(key)
+      digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+      split = 'validation' if digest % settings.validation_every == 0 else 'train'
+      if len(out[split]) < want[split]:
+        out[split].append(problem)
+  return out
+
+
+def to_record(problem: ChainProblem, split: str) -> base.ProblemRecord:
+  return base.ProblemRecord(id=problem.problem_id(), split=split, prompt=problem.prompt(),
+                            reference_solution=reference_text(problem))
+
+
+class BuiltinTask:
+  """The built-in task over fixed problem records (see `builtin_tfds.build_builtin`)."""
+
+  def __init__(self, settings: ChainSettings,
+               records: Mapping[str, Sequence[base.ProblemRecord]]):
+    self.settings = settings
+    self._records = {s: tuple(records.get(s, ())) for s in base.SPLITS}
+    ids = {s: {r.id for r in self._records[s]} for s in base.SPLITS}
+    shared = ids['train'] & ids['validation']
+    if shared:
+      raise ValueError(f'train and validation share problems, e.g. {sorted(shared)[:3]}')
+
+  @classmethod
+  def generate(cls, settings: ChainSettings) -> 'BuiltinTask':
+    """Generates the problems in memory (the tfds builder stores the same records)."""
+    problems = generate(settings)
+    return cls(settings, {s: [to_record(p, s) for p in problems[s]] for s in base.SPLITS})
+
+  @property
+  def name(self) -> str:
+    return NAME
+
+  def records(self, split: str) -> Sequence[base.ProblemRecord]:
+    return self._records[base.check_split(split)]
+
+  def prompt_ids(self, tok: tokenization.Tokenizer, record: base.ProblemRecord) -> list[int]:
+    return base.render_prompt(tok, record.prompt)
+
+  def has_complete_answer(self, response_text: str) -> bool:
+    return base.answer_block(response_text, ANSWER_OPEN, ANSWER_CLOSE) is not None
+
+  def reference_from_response(self, response_text: str) -> str | None:
+    block = base.answer_block(response_text, ANSWER_OPEN, ANSWER_CLOSE)
+    if block is None:
+      return None
+    return '\n'.join(_thinking_lines(response_text) + [answer_text(block.strip())])
+
+  def critic_instruction(self, reference: str | None) -> str:
+    return critic_instruction(reference)
+
+  def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
+    """Points for one response; ValueError when the record is not a built-in problem."""
+    return score_response(parse_problem(record.prompt), response_text)
+
+  def score_batch(self, records: Sequence[base.ProblemRecord], responses: Sequence[str]
+                  ) -> list[grading.Grade]:
+    if len(records) != len(responses):
+      raise ValueError(f'{len(records)} records but {len(responses)} responses')
+    grades = []
+    for record, response in zip(records, responses):
+      try:
+        grades.append(self.score(record, response))
+      except Exception as e:  # pylint: disable=broad-except
+        # A bad record must not stop a training step: it becomes an invalid grade.
+        grades.append(grading.invalid_grade(grading.STATUS_INTERNAL_ERROR,
+                                            f'{type(e).__name__}: {e}'))
+    return grades
+

@@ -1,0 +1,114 @@
+"""The built-in task as a tensorflow-datasets data set (array_record files, no TensorFlow), and
+`build_builtin`, which builds (or reuses) the data set and its SentencePiece tokenizer.
+
+Layout under `data_dir`:
+  builtin_chain/<config>/1.0.0/...          the tfds data set, one config per `ChainSettings`
+  builtin_chain_tokenizer/<config>_v<N>.model  the tokenizer trained on its corpus
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from ac2_jax import tokenization
+from ac2_jax.tasks import base
+from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin_sft
+
+_FILE_FORMAT = 'array_record'
+
+
+@dataclasses.dataclass
+class ChainConfig(tfds.core.BuilderConfig):
+  """A tfds builder config carrying `ChainSettings` (the name encodes every field)."""
+
+  settings: builtin.ChainSettings = builtin.ChainSettings()
+
+
+def config_for(settings: builtin.ChainSettings) -> ChainConfig:
+  s = settings
+  name = (f'k{s.steps}_p{s.modulus}_n{s.num_train}_v{s.num_validation}_s{s.seed}'
+          f'_e{s.validation_every}')
+  return ChainConfig(name=name, settings=settings,
+                     description=f'{s.steps} steps modulo {s.modulus}')
+
+
+class BuiltinChain(tfds.core.GeneratorBasedBuilder):
+  """Chain-arithmetic problems (ac2_jax/tasks/builtin.py), generated from a seed."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'First version.'}
+  BUILDER_CONFIGS = [config_for(builtin.ChainSettings())]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='Chains of modular arithmetic with written-out intermediate results.',
+        features=tfds.features.FeaturesDict({
+            'index': np.int64,  # generation order within the split
+            'id': tfds.features.Text(),
+            'prompt': tfds.features.Text(),
+            'reference_solution': tfds.features.Text(),
+            'answer': np.int64,
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # everything is generated
+    problems = builtin.generate(self.builder_config.settings)
+    return {split: self._generate_examples(problems[split]) for split in base.SPLITS}
+
+  def _generate_examples(self, problems):
+    for index, problem in enumerate(problems):
+      yield problem.problem_id(), {
+          'index': index,
+          'id': problem.problem_id(),
+          'prompt': problem.prompt(),
+          'reference_solution': builtin.reference_text(problem),
+          'answer': problem.answer,
+      }
+
+
+def _text(value) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def load_records(builder: BuiltinChain, split: str) -> list[base.ProblemRecord]:
+  """The records of a prepared split, in generation order."""
+  source = builder.as_data_source(split=base.check_split(split))
+  rows = source.__getitems__(list(range(len(source))))
+  rows = sorted(rows, key=lambda row: int(row['index']))
+  return [base.ProblemRecord(id=_text(r['id']), split=split, prompt=_text(r['prompt']),
+                             reference_solution=_text(r['reference_solution'])) for r in rows]
+
+
+def build_builtin(data_dir: str, settings: builtin.ChainSettings = builtin.ChainSettings(), *,
+                  vocab_size: int = 512
+                  ) -> tuple[builtin.BuiltinTask, tokenization.SentencePieceTokenizer]:
+  """Builds (or reuses) the data set and its tokenizer in `data_dir`; returns (task, tokenizer).
+
+  The tokenizer has at most `vocab_size` pieces (a small corpus gives fewer); digits, the answer
+  tags, `Q value:` and the value grid '0', '0.1', ..., '1' are single tokens.
+  """
+  config = config_for(settings)
+  # tfds accepts a registered config only by name, and any other config as an instance.
+  registered = config.name in BuiltinChain.builder_configs
+  builder = BuiltinChain(data_dir=data_dir, config=config.name if registered else config,
+                         file_format=_FILE_FORMAT)
+  builder.download_and_prepare(file_format=_FILE_FORMAT)
+  task = builtin.BuiltinTask(settings, {s: load_records(builder, s) for s in base.SPLITS})
+  prefix = os.path.join(data_dir, 'builtin_chain_tokenizer', f'{config.name}_v{vocab_size}')
+  if os.path.isfile(prefix + '.model'):
+    tok = tokenization.SentencePieceTokenizer.load(prefix + '.model')
+  else:
+    tok = tokenization.SentencePieceTokenizer.train(
+        builtin_sft.tokenizer_corpus(task), prefix, vocab_size,
+        user_defined_symbols=builtin.SPECIAL_SYMBOLS)
+  if tok.vocab_size > vocab_size:
+    raise ValueError(f'tokenizer {prefix}.model has {tok.vocab_size} pieces, more than '
+                     f'vocab_size={vocab_size}')
+  return task, tok
