@@ -313,3 +313,12 @@ def test_keep_alive_survives_server_closing_idle_connections():
       grades = j.grade_batch([JudgeRequest('x', 'p')] * 5)
   assert [g.points for g in grades] == [2] * 5
   assert all(g.attempts == 1 for g in grades)
+
+
+def test_bench_judge_runs_and_reports(capsys):
+  from ac2_jax.bench import judge as judge_bench  # pylint: disable=g-import-not-at-top
+  judge_bench.main(['--requests', '48', '--concurrency', '8', '--latency_ms', '5',
+                    '--serial_requests', '4'])
+  out = capsys.readouterr().out
+  assert '(48/48 valid)' in out
+  assert 'ideal grades/s' in out and 'speed-up x' in out and 'goal >= 200 grades/s' in out
