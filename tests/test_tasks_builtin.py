@@ -1,0 +1,249 @@
+"""The built-in chain-arithmetic task: generation, splits, scoring, tfds build, tokenizer, SFT."""
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from ac2_jax import tokenization as T
+from ac2_jax.judges import grading
+from ac2_jax.tasks import base
+from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin_sft
+from ac2_jax.tasks import builtin_tfds
+
+SMALL = builtin.ChainSettings(num_train=1500, num_validation=64)
+# Start 11, modulo 13: 11-5=6, 6+3=9, 9+2=11, 11*4=5, 5*12=8, 8+1=9, 9+12=8, 8-3=5.
+PROBLEM = builtin.ChainProblem(start=11, ops='-++**++-', operands=(5, 3, 2, 4, 12, 1, 12, 3),
+                               modulus=13)
+RIGHT = '-5=6\n+3=9\n+2=11\n*4=5\n*12=8\n+1=9\n+12=8\n-3=5\n</think>\n\n<answer>5</answer>'
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  data_dir = str(tmp_path_factory.mktemp('builtin_data'))
+  task, tok = builtin_tfds.build_builtin(data_dir, SMALL)
+  return data_dir, task, tok
+
+
+@pytest.fixture(scope='module')
+def record():
+  return builtin.to_record(PROBLEM, 'validation')
+
+
+def test_problem_arithmetic_and_prompt_round_trip():
+  assert PROBLEM.values() == [6, 9, 11, 5, 8, 9, 8, 5]
+  assert PROBLEM.answer == 5
+  assert builtin.parse_problem(PROBLEM.prompt()) == PROBLEM
+  assert builtin.response_text(PROBLEM, PROBLEM.values()) == RIGHT
+  with pytest.raises(ValueError, match='not a built-in chain prompt'):
+    builtin.parse_problem('What is 2+2?')
+  with pytest.raises(ValueError, match='invertible'):
+    builtin.ChainProblem(start=1, ops='*', operands=(13,), modulus=13)
+
+
+def test_generation_is_deterministic_and_seeded():
+  a, b = builtin.generate(SMALL), builtin.generate(SMALL)
+  assert a == b
+  other = builtin.generate(builtin.ChainSettings(num_train=1500, num_validation=64, seed=1))
+  assert [p.key() for p in other['train']] != [p.key() for p in a['train']]
+  assert len(a['train']) == 1500 and len(a['validation']) == 64
+
+
+def test_splits_are_disjoint_and_stable():
+  problems = builtin.generate(SMALL)
+  keys = {s: {p.key() for p in problems[s]} for s in base.SPLITS}
+  assert len(keys['train']) == 1500 and len(keys['validation']) == 64  # no duplicates
+  assert not keys['train'] & keys['validation']
+  # A problem's split depends on its content only, so no seed can move it to the other split.
+  for split, ps in problems.items():
+    for p in ps:
+      digest = int(hashlib.sha256(p.key().encode()).hexdigest()[:8], 16)
+      assert (digest % SMALL.validation_every == 0) == (split == 'validation')
+  task = builtin.BuiltinTask.generate(SMALL)
+  ids = {s: {r.id for r in task.records(s)} for s in base.SPLITS}
+  assert not ids['train'] & ids['validation']
+  with pytest.raises(ValueError, match='share problems'):
+    builtin.BuiltinTask(SMALL, {'train': task.records('validation'),
+                                'validation': task.records('validation')})
+  with pytest.raises(ValueError, match='unknown split'):
+    task.records('test')
+
+
+def test_difficulty_knob():
+  hard = builtin.generate(builtin.ChainSettings(steps=12, modulus=11, num_train=50,
+                                                num_validation=10))
+  for p in hard['train']:
+    assert p.steps == 12 and p.modulus == 11
+    assert all(0 <= v < 11 for v in p.values())
+  with pytest.raises(ValueError, match='prime'):
+    builtin.ChainSettings(modulus=12)
+  with pytest.raises(ValueError, match='steps'):
+    builtin.ChainSettings(steps=0)
+  with pytest.raises(ValueError, match='distinct problems'):
+    builtin.generate(builtin.ChainSettings(steps=1, modulus=5, num_train=100, num_validation=10))
+
+
+def test_every_mistake_dooms_the_answer():
+  for p in builtin.generate(builtin.ChainSettings(num_train=20, num_validation=5))['train']:
+    truth = p.values()
+    for step in range(p.steps):
+      for wrong in range(p.modulus):
+        if wrong != truth[step]:
+          assert builtin.written_values(p, step, wrong)[-1] != p.answer
+
+
+def _score(task, record, text):
+  grade = task.score(record, text)
+  assert grade.valid
+  return grade.points
+
+
+def test_scoring_hand_written_solutions(record):
+  task = builtin.BuiltinTask.generate(SMALL)
+  assert _score(task, record, RIGHT) == 7
+  assert _score(task, record, RIGHT + '<|im_end|>') == 7
+  # Early mistake: 11-5 written as 7; carried on correctly from 7, the answer is wrong.
+  early = '-5=7\n+3=10\n+2=12\n*4=9\n*12=4\n+1=5\n+12=4\n-3=1\n</think>\n\n<answer>1</answer>'
+  assert _score(task, record, early) == 0
+  # Late mistake: only the last step is wrong: floor(6 * 7 / 8) = 5.
+  late = RIGHT.replace('-3=5\n', '-3=4\n').replace('<answer>5', '<answer>4')
+  assert _score(task, record, late) == 5
+  # Mistake in the middle: 4 right steps: floor(6 * 4 / 8) = 3.
+  middle = '-5=6\n+3=9\n+2=11\n*4=5\n*12=7\n+1=8\n+12=7\n-3=4\n</think>\n\n<answer>4</answer>'
+  assert _score(task, record, middle) == 3
+  # All steps right but the answer copied wrongly: 6.
+  assert _score(task, record, RIGHT.replace('<answer>5', '<answer>6')) == 6
+  # A right answer after a broken chain earns nothing for the answer.
+  assert _score(task, record, early.replace('<answer>1', '<answer>5')) == 0
+  # A step with the wrong operand breaks the prefix even when its value is right: 2 right steps.
+  assert _score(task, record, RIGHT.replace('+2=11', '+1=11')) == 1
+
+
+def test_scoring_malformed_truncated_empty(record):
+  task = builtin.BuiltinTask.generate(SMALL)
+  malformed = 'let me think\nthe answer is five\n</think>\n\n<answer>five</answer>'
+  assert task.score(record, malformed) == grading.Grade(
+      points=0, status=grading.STATUS_OK, detail='correct steps 0/8, answer wrong')
+  assert _score(task, record, RIGHT.replace('<answer>5', '<answer>5.0')) == 6
+  assert _score(task, record, RIGHT.replace('*4=5', '*4 = five')) == 2  # 3 right steps
+  for text in ('', RIGHT[:20], RIGHT.split('</think>')[0],  # truncated inside the thinking
+               RIGHT[:-len('</answer>')],  # answer block never closed
+               RIGHT.replace('</think>', ''),  # no thinking section end
+               '<answer>5</answer>'):  # an answer inside the thinking section
+    grade = task.score(record, text)
+    assert grade == grading.no_answer_grade(), text
+    assert not task.has_complete_answer(text)
+  assert task.has_complete_answer(RIGHT)
+
+
+def test_score_batch_never_raises(record):
+  task = builtin.BuiltinTask.generate(SMALL)
+  alien = base.ProblemRecord(id='x', split='train', prompt='Prove that 1 + 1 = 2.')
+  grades = task.score_batch([record, alien, record], [RIGHT, RIGHT, ''])
+  assert [g.points for g in grades] == [7, None, 0]
+  assert grades[1].status == grading.STATUS_INTERNAL_ERROR
+  assert 'not a built-in chain prompt' in grades[1].detail
+
+
+def test_task_protocol_reference_and_critic(record):
+  task = builtin.BuiltinTask.generate(SMALL)
+  assert isinstance(task, base.Task)
+  assert task.name == 'builtin_chain'
+  assert task.reference_from_response(RIGHT + '<|im_end|>') == record.reference_solution
+  assert task.reference_from_response(RIGHT[:30]) is None
+  plain, with_ref = task.critic_instruction(None), task.critic_instruction(record.reference_solution)
+  assert 'Q value: z' in plain and 'Q value: z' in with_ref
+  assert record.reference_solution in with_ref and record.reference_solution not in plain
+  # The critic module substitutes its own '{reference}' slot into the text.
+  assert task.critic_instruction('{reference}').count('{reference}') == 1
+
+
+def test_answer_block_helper():
+  assert base.answer_block('x</think>\n<proof>P</proof>', '<proof>', '</proof>') == 'P'
+  assert base.answer_block('<proof>P</proof></think>', '<proof>', '</proof>') is None
+  assert base.answer_block('</think><proof>P', '<proof>', '</proof>') is None
+  assert base.after_thinking('abc') is None
+  with pytest.raises(ValueError, match='empty prompt'):
+    base.ProblemRecord(id='a', split='train', prompt='')
+
+
+def test_build_builtin_tfds(built):
+  data_dir, task, tok = built
+  assert 'tensorflow' not in sys.modules
+  expected = builtin.BuiltinTask.generate(SMALL)
+  for split in base.SPLITS:
+    assert list(task.records(split)) == list(expected.records(split))
+  config_dir = os.path.join(data_dir, 'builtin_chain', builtin_tfds.config_for(SMALL).name)
+  files = [f for _, _, fs in os.walk(config_dir) for f in fs]
+  assert any('train.array_record' in f for f in files)
+  assert any('validation.array_record' in f for f in files)
+  # A second build reuses the data set and the tokenizer file.
+  model = os.path.join(data_dir, 'builtin_chain_tokenizer',
+                       builtin_tfds.config_for(SMALL).name + '_v512.model')
+  stamp = os.stat(model).st_mtime_ns
+  task2, tok2 = builtin_tfds.build_builtin(data_dir, SMALL)
+  assert os.stat(model).st_mtime_ns == stamp
+  assert tok2.serialized_model == tok.serialized_model
+  assert task2.records('validation') == task.records('validation')
+
+
+def test_builtin_tokenizer(built):
+  _, task, tok = built
+  assert tok.vocab_size <= 512
+  for piece in builtin.SPECIAL_SYMBOLS + tuple('0123456789'):
+    assert tok.encode(piece) == [tok.token_id(piece)], piece
+  assert tok.encode('Q value: ') + tok.encode('0.3') == tok.encode('Q value: 0.3')
+  assert tok.encode('0.3') == [tok.token_id('0.3')]
+  assert tok.encode('1') == [tok.token_id('1')]
+  r = task.records('validation')[0]
+  assert tok.decode(task.prompt_ids(tok, r)) == (
+      f'<|im_start|>user\n{r.prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n')
+  # The whole critic instruction stays short (it is in every critic prompt).
+  assert len(tok.encode(task.critic_instruction(None))) < 100
+
+
+def test_sft_examples(built):
+  _, task, tok = built
+  stream = list(builtin_sft.sft_examples(task, tok, mistake_rate=0.0, seed=3))
+  assert len(stream) == len(task.records('train'))
+  again = list(builtin_sft.sft_examples(task, tok, mistake_rate=0.0, seed=3))
+  assert all((a[0] == b[0]).all() and (a[1] == b[1]).all() for a, b in zip(stream, again))
+  by_prompt = {tuple(task.prompt_ids(tok, r)): r for r in task.records('train')}
+  lengths = []
+  for prompt_ids, response_ids in stream[:300]:
+    assert prompt_ids.dtype == np.int32 and response_ids.dtype == np.int32
+    assert response_ids[-1] == tok.eos_id
+    record = by_prompt[tuple(prompt_ids.tolist())]
+    assert task.score(record, tok.decode(response_ids)).points == 7
+    lengths.append(len(response_ids))
+  # K = 8 steps: 40-80 response tokens, at least four chunks of 10 tokens.
+  assert 40 <= min(lengths) and max(lengths) <= 80
+  # Prompt + response equals the whole conversation rendered by the chat template.
+  record = by_prompt[tuple(stream[0][0].tolist())]
+  problem = builtin.parse_problem(record.prompt)
+  thinking, content = builtin.thinking_and_answer(problem, problem.values())
+  chat = T.render_chat(tok, [T.Turn('user', record.prompt),
+                             T.Turn('assistant', content, thinking=thinking)],
+                       generation_prompt=False)
+  assert list(stream[0][0]) + list(stream[0][1]) == chat[:-len(tok.encode('\n'))]
+
+
+def test_sft_mistake_rate(built):
+  _, task, tok = built
+  records = {tuple(task.prompt_ids(tok, r)): r for r in task.records('train')}
+
+  def solved_share(rate):
+    stream = builtin_sft.sft_examples(task, tok, mistake_rate=rate, seed=0)
+    points = [task.score(records[tuple(p.tolist())], tok.decode(r)).points
+              for p, r in list(stream)[:400]]
+    return np.mean([p == 7 for p in points])
+
+  assert solved_share(1.0) == 0.0
+  assert 0.6 < solved_share(0.3) < 0.8
+  forever = builtin_sft.sft_examples(task, tok, mistake_rate=0.1, epochs=None)
+  assert sum(1 for _ in zip(range(2 * len(records) + 5), forever)) == 2 * len(records) + 5
+  with pytest.raises(ValueError, match='mistake_rate'):
+    next(builtin_sft.sft_examples(task, tok, mistake_rate=1.5))
