@@ -1,1 +1,6 @@
-"""ac2_jax.tasks"""
+"""Tasks: the Task protocol (base.py), the built-in chain-arithmetic task, proof data sets."""
+
+from ac2_jax.tasks.base import ProblemRecord, SPLITS, Task, answer_block, render_prompt
+from ac2_jax.tasks.builtin import BuiltinTask, ChainSettings
+from ac2_jax.tasks.builtin_sft import sft_examples
+from ac2_jax.tasks.builtin_tfds import build_builtin
