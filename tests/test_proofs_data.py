@@ -105,7 +105,8 @@ def test_malformed_jsonl_skipped_counted_and_warned(data_dir, caplog):
 
 def test_malformed_parquet_rows(data_dir):
   manual = FIXTURES / 'malformed' / 'parquet'
-  with pytest.raises(pt.MalformedRowError, match=r'train\.parquet: row 2: column .problem. is null'):
+  with pytest.raises(pt.MalformedRowError,
+                     match=r'train\.parquet: row 2: column .problem. is null'):
     pt.prepare('fineproofs_rl', manual, data_dir)
   settings = dataclasses.replace(pt.FINEPROOFS_RL, skip_malformed=True)
   rows, skipped = pt.read_source_files(manual, settings)

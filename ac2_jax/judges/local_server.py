@@ -22,6 +22,8 @@ class Reply:
   body: bytes | str | dict = b''
   delay_s: float = 0.0  # sleep before answering (a slow judge)
   headers: tuple[tuple[str, str], ...] = ()
+  # Close the connection after answering without announcing it (a server's idle timeout).
+  drop_connection: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,8 @@ class LocalChatServer:
           self.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
           pass  # the client gave up (timeout): nothing to answer to
+        if reply.drop_connection:
+          self.close_connection = True
 
       def log_message(self, *args):  # keep test and benchmark output clean
         pass

@@ -38,7 +38,7 @@ class ProofJudge(Protocol):
 
 
 def extract_proof(response_text: str) -> str | None:
-  """The stripped text of the first proof block after the thinking section; None if none or empty."""
+  """The first proof block after the thinking section, stripped; None if absent or empty."""
   block = base.answer_block(response_text, PROOF_OPEN, PROOF_CLOSE)
   if block is None or not block.strip():
     return None
