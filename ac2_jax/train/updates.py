@@ -1,0 +1,135 @@
+"""Jitted update steps: `(state, batch, scalars) -> (state, metrics)` for the actor and the critic.
+
+Both move the same parameters with their own optimizer state. Each accumulates gradients over
+micro-batches with `lax.scan` (losses come as (sum, count), so the accumulated mean is exact), and
+skips the update when the loss or a gradient is not finite (reported as `skipped` = 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from ac2_jax import models
+from ac2_jax.rl import critic_loss, entropy, policy_loss
+from ac2_jax.train import state as state_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSettings:
+  model: models.ModelConfig
+  optim: state_lib.OptimSettings
+  temperature: float = 0.8
+  eps_low: float = 0.2
+  dual_clip: float | None = 3.0
+  # Rows per gradient micro-batch; 0 = the whole minibatch at once.
+  micro_batch: int = 0
+
+
+@flax.struct.dataclass
+class ActorBatch:
+  """Right-padded sequences (context + new tokens). Position t of the per-token arrays describes
+  token t, predicted from position t - 1; `loss_mask_BxT` is 1 on generated tokens only."""
+  tokens_BxT: jax.Array
+  loss_mask_BxT: jax.Array
+  old_logprobs_BxT: jax.Array
+  advantages_BxT: jax.Array
+
+
+@flax.struct.dataclass
+class CriticBatch:
+  """Critic records: critic prompt + value target tokens; `target_mask_BxT` marks the targets."""
+  tokens_BxT: jax.Array
+  target_mask_BxT: jax.Array
+  weights_B: jax.Array
+
+
+def sequence_logprobs(model_config, params, tokens_BxT, temperature):
+  """log pi(token t | tokens < t) at `temperature`, aligned to tokens (position 0 gets 0)."""
+  logits_BxTxV = models.forward(model_config, params, tokens_BxT)[0]
+  logp_BxTm1 = entropy.token_logprobs(logits_BxTxV[:, :-1], tokens_BxT[:, 1:], temperature)
+  return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
+
+
+def _accumulate(loss_fn: Callable, params, batch, micro_batch: int):
+  """Sums (loss_sum, count, metric sums) and gradients of loss_sum over micro-batches."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  B = jax.tree.leaves(batch)[0].shape[0]
+  if not micro_batch or micro_batch >= B:
+    (loss_sum, (count, sums)), grads = grad_fn(params, batch)
+    return loss_sum, count, sums, grads
+  if B % micro_batch:
+    raise ValueError(f'batch of {B} rows is not a multiple of micro_batch={micro_batch}')
+  micro = jax.tree.map(lambda x: x.reshape(B // micro_batch, micro_batch, *x.shape[1:]), batch)
+  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def body(carry, mb):
+    return jax.tree.map(jnp.add, carry, grad_fn(params, mb)), None
+
+  ((loss_sum, (count, sums)), grads), _ = jax.lax.scan(body, zeros, micro)
+  return loss_sum, count, sums, grads
+
+
+def _apply(optimizer, params, opt_state, grads, loss, scale=None):
+  """One optimiser step, or none when anything is non-finite. Returns (params, opt_state, metrics)."""
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  if scale is not None:
+    updates = jax.tree.map(lambda u: -scale * u, updates)
+  new_params = optax.apply_updates(params, updates)
+  finite = jnp.isfinite(loss) & jnp.all(jnp.array(
+      [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_params = keep(new_params, params)
+  new_opt_state = keep(new_opt_state, opt_state)
+  delta_norm = optax.global_norm(jax.tree.map(jnp.subtract, new_params, params))
+  metrics = {'grad_norm': optax.global_norm(grads), 'update_norm': delta_norm,
+             'skipped': 1.0 - finite.astype(jnp.float32)}
+  return new_params, new_opt_state, metrics
+
+
+def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: ActorBatch,
+                 eps_high: jax.Array):
+  """One PPO minibatch update (token-mean loss over the minibatch's generated tokens)."""
+
+  def loss_fn(params, mb: ActorBatch):
+    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, settings.temperature)
+    loss_sum, count, sums = policy_loss.ppo_loss(
+        logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
+        eps_low=settings.eps_low, eps_high=eps_high, dual_clip=settings.dual_clip)
+    return loss_sum, (count, sums)
+
+  loss_sum, count, sums, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
+  denom = jnp.maximum(count, 1.0)
+  loss = loss_sum / denom
+  grads = jax.tree.map(lambda g: g / denom, grads)
+  optimizer = state_lib.actor_optimizer(settings.optim)
+  params, opt_state, metrics = _apply(optimizer, state.params, state.actor_opt_state, grads, loss)
+  metrics = {'loss': loss, 'tokens': count, **policy_loss.finalize_metrics(sums, count), **metrics}
+  new_state = state.replace(params=params, actor_opt_state=opt_state, step=state.step + 1)
+  return new_state, metrics
+
+
+def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: CriticBatch,
+                  lr: jax.Array):
+  """One critic update: value-token NLL (w/4 per record, / number of records) at learning rate lr."""
+
+  def loss_fn(params, mb: CriticBatch):
+    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0)
+    loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
+    return loss_sum, (count, {})
+
+  loss_sum, count, _, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
+  denom = jnp.maximum(count, 1.0)
+  loss = loss_sum / denom
+  grads = jax.tree.map(lambda g: g / denom, grads)
+  optimizer = state_lib.critic_optimizer(settings.optim)
+  params, opt_state, metrics = _apply(optimizer, state.params, state.critic_opt_state, grads, loss,
+                                      scale=lr)
+  metrics = {'loss': loss, 'records': count, **metrics}
+  return state.replace(params=params, critic_opt_state=opt_state), metrics
