@@ -1,0 +1,132 @@
+"""The sampler's host API: generate continuations for a list of ragged requests in batched calls.
+
+    out = generate(config, params, contexts, max_new_tokens=caps, settings=SamplingSettings(0.8),
+                   key=jax.random.key(step), stop_ids=(tok.eos_id,), budget_new_tokens=budgets)
+    out.tokens(i), out.logprobs(i), out.stop_reason_N[i], out.decode_forwards_N.sum()
+
+Request i draws its t-th token with `fold_in(fold_in(key, row_ids[i]), t)` (row_ids default to
+0..N-1), so its tokens do not depend on the other requests, on how they are grouped into batches,
+on padding, or on the device mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+from ac2_jax import sharding
+from ac2_jax.models.config import ModelConfig
+from ac2_jax.sampling import decode
+from ac2_jax.sampling import requests
+from ac2_jax.sampling.requests import SampleOutput
+from ac2_jax.sampling.settings import SamplingSettings
+
+
+
+def check_mesh(mesh: Mesh | None) -> int:
+  """Number of batch shards of `mesh` (1 without one); a mesh must have the three named axes."""
+  if mesh is None:
+    return 1
+  missing = [a for a in sharding.AXES if a not in mesh.shape]
+  if missing:
+    raise ValueError(f'mesh: axes {missing} missing; the sampler needs axes {sharding.AXES} '
+                     f'(see ac2_jax.sharding), got {tuple(mesh.shape)}')
+  return mesh.shape['data'] * mesh.shape['fsdp']
+
+
+def check_stop_ids(stop_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+  """Stop ids as a sorted tuple (a static jit argument: one order, one compilation)."""
+  ids = tuple(sorted({int(t) for t in stop_ids}))
+  bad = [t for t in ids if not 0 <= t < vocab_size]
+  if bad:
+    raise ValueError(f'stop_ids {bad} lie outside the vocabulary [0, {vocab_size})')
+  return ids
+
+
+def check_key(key) -> jax.Array:
+  if not isinstance(key, jax.Array) or not (
+      jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.shape == (2,)):
+    raise ValueError(f'key: expected a PRNG key (jax.random.key(seed)), got {key!r}')
+  return key
+
+
+def to_device(array_BxN: np.ndarray, mesh: Mesh | None) -> jax.Array | np.ndarray:
+  """Places a host array (the same on every process) with its rows over the batch axes."""
+  if mesh is None:
+    return array_BxN
+  spec = P(decode.BATCH_AXES, *([None] * (array_BxN.ndim - 1)))
+  return jax.make_array_from_callback(array_BxN.shape, NamedSharding(mesh, spec),
+                                      lambda index: array_BxN[index])
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+  if array.is_fully_addressable:
+    return np.asarray(array)
+  return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_new_tokens,
+             settings: SamplingSettings, key: jax.Array, stop_ids: Sequence[int],
+             budget_new_tokens=None, mesh: Mesh | None = None, *, row_ids=None,
+             max_total_len: int | None = None, max_batch: int | None = None) -> SampleOutput:
+  """Samples a continuation of every context.
+
+  Each context is a prompt plus an optional replayed prefix. A row stops at the first stop token,
+  at its own new-token cap, or when context plus new tokens reach `max_total_len`.
+
+  Args:
+    config, params: the decoder (params placed/sharded as for training under `mesh`).
+    contexts: one 1-D int array per request.
+    max_new_tokens: new-token cap per request (list/array) or one int for all.
+    settings: temperature, top-p, top-k, greedy.
+    key: PRNG key of the call.
+    stop_ids: tokens that end a row (e.g. `(tokenizer.eos_id,)`); included in the output.
+    budget_new_tokens: remaining response budget per request (>= its cap), None = equal to the
+      caps; decides 'chunk_cap' vs 'budget'.
+    mesh: a ('data', 'fsdp', 'tensor') mesh: rows over data and fsdp, KV heads over tensor.
+    row_ids: per-request key index, default 0..N-1.
+    max_total_len: context + new tokens limit, default `config.max_position_embeddings`.
+    max_batch: at most this many requests per device call (grouped by context length).
+
+  Returns:
+    A `SampleOutput` in request order.
+  """
+  batch_multiple = check_mesh(mesh)
+  stop_ids = check_stop_ids(stop_ids, config.vocab_size)
+  key = check_key(key)
+  max_total_len = config.max_position_embeddings if max_total_len is None else max_total_len
+  n = len(contexts)
+  if n == 0:
+    raise ValueError('generate: no contexts given')
+  caps_N = requests.as_row_ints(max_new_tokens, n, 'max_new_tokens')
+  budgets_N = (None if budget_new_tokens is None
+               else requests.as_row_ints(budget_new_tokens, n, 'budget_new_tokens'))
+  row_ids = np.arange(n) if row_ids is None else requests.as_row_ints(row_ids, n, 'row_ids')
+  if max_batch is None or n <= max_batch:
+    groups = [np.arange(n)]
+  else:
+    if max_batch < 1:
+      raise ValueError(f'max_batch must be >= 1, got {max_batch}')
+    # Similar lengths share a call, so each call pads little.
+    order = np.argsort([-len(c) for c in contexts], kind='stable')
+    groups = [order[i:i + max_batch] for i in range(0, n, max_batch)]
+
+  outputs = []
+  for rows in groups:
+    packed = requests.pack(
+        [contexts[i] for i in rows], caps_N[rows],
+        None if budgets_N is None else budgets_N[rows], vocab_size=config.vocab_size,
+        max_total_len=max_total_len, batch_multiple=batch_multiple,
+        row_ids=row_ids[rows])
+    device_out = decode.decode_batch(
+        params, key, *(to_device(x, mesh) for x in (
+            packed.contexts_BxP, packed.context_lengths_B, packed.caps_B, packed.row_ids_B)),
+        config=config, settings=settings, stop_ids=stop_ids, max_new=packed.max_new, mesh=mesh)
+    outputs.append(requests.unpack(packed, *(to_host(x) for x in device_out), stop_ids))
+  if len(outputs) == 1:
+    return outputs[0]
+  return requests.concat(outputs, np.concatenate(groups))

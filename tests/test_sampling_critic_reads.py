@@ -1,0 +1,71 @@
+"""Critic reads: greedy short decode and the one-forward readout over value tokens (tiny preset)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ac2_jax import models
+from ac2_jax import sampling
+
+CONFIG = models.get_config('tiny')
+
+
+@pytest.fixture(scope='module')
+def params():
+  params = models.init_params(CONFIG, jax.random.key(1))
+  # A sharper head so greedy choices have clear margins.
+  return {**params, 'lm_head': {'kernel': params['lm_head']['kernel'] * 10.0}}
+
+
+def contexts(lengths, seed=0):
+  rng = np.random.RandomState(seed)
+  return [rng.randint(0, CONFIG.vocab_size, size=n).astype(np.int32) for n in lengths]
+
+
+CONTEXTS = contexts([6, 2, 13])
+
+
+def padded_logits(params, seqs):
+  T = max(len(s) for s in seqs)
+  tokens = np.zeros((len(seqs), T), np.int32)
+  for i, s in enumerate(seqs):
+    tokens[i, :len(s)] = s
+  return np.asarray(models.logits(CONFIG, params, jnp.asarray(tokens),
+                                  jnp.asarray([len(s) for s in seqs])))
+
+
+def test_greedy_decode_is_argmax_and_stops(params):
+  reads = sampling.greedy_decode(CONFIG, params, CONTEXTS, stop_ids=())
+  assert [len(r) for r in reads] == [4, 4, 4]
+  logits = padded_logits(params, [np.concatenate([c, r]) for c, r in zip(CONTEXTS, reads)])
+  for i, (c, r) in enumerate(zip(CONTEXTS, reads)):
+    np.testing.assert_array_equal(r, np.argmax(logits[i, len(c) - 1:len(c) + 3], -1))
+  # Stopping at row 0's second token ends row 0 there (stop token included).
+  stop = int(reads[0][1])
+  stopped = sampling.greedy_decode(CONFIG, params, CONTEXTS, stop_ids=(stop,))
+  np.testing.assert_array_equal(stopped[0], reads[0][:2])
+  for i in (1, 2):
+    hits = np.nonzero(reads[i] == stop)[0]
+    expected = reads[i][:hits[0] + 1] if hits.size else reads[i]
+    np.testing.assert_array_equal(stopped[i], expected)
+  with pytest.raises(ValueError, match='max_new_tokens'):
+    sampling.greedy_decode(CONFIG, params, CONTEXTS, stop_ids=(), max_new_tokens=5)
+
+
+def test_token_distribution_matches_forward(params):
+  ids = [5, 17, 300, 17 + 256]
+  raw = sampling.token_distribution(CONFIG, params, CONTEXTS, ids)
+  assert raw.shape == (3, 4) and raw.dtype == np.float32
+  logits = padded_logits(params, CONTEXTS)
+  for i, c in enumerate(CONTEXTS):
+    probs = np.asarray(jax.nn.softmax(logits[i, len(c) - 1]))
+    np.testing.assert_allclose(raw[i], probs[ids], rtol=1e-4, atol=1e-7)
+  assert np.all(raw.sum(-1) < 1.0)
+  norm = sampling.token_distribution(CONFIG, params, CONTEXTS, ids, renormalize=True)
+  np.testing.assert_allclose(norm.sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(norm, raw / raw.sum(-1, keepdims=True), rtol=1e-5)
+  with pytest.raises(ValueError, match='outside'):
+    sampling.token_distribution(CONFIG, params, CONTEXTS, [512])
+  with pytest.raises(ValueError, match='empty'):
+    sampling.token_distribution(CONFIG, params, CONTEXTS, [])
