@@ -1,0 +1,146 @@
+"""Every knob and variant switch of the AC2 host controller, in one frozen dataclass.
+
+Defaults are the paper's main run (AC2 paper, Table 4; ALGORITHMS.md, AC2 items 1-11). The
+built-in CPU task scales the token counts (budget, chunk, cut grid) and the batch sizes down, never
+the logic.
+
+Variants of ALGORITHMS.md are switches here:
+  no_audit            AC2 w/o audit (same as audit_fraction = 0).
+  group_size_one      each ready, unaudited slot becomes g single continuations from distinct cuts;
+                      targets = grid(v); rows whose prefix value V(s) is invalid are dropped.
+  stale_buffer        every `stale_period` steps collect n_refill * stale_factor rollouts and make
+                      them the whole replay buffer for the next `stale_period` steps; no refills in
+                      between.
+  correct_only        only passing rollouts (>= pass_points, complete answer) enter the buffer.
+  chunk size          `with_chunk_size(b)` sets the chunk b and the cut grid together.
+  no_local_readiness  every problem becomes ready once the global test passes.
+  no_reference        the critic never sees a reference solution (the bank still gates readiness
+                      condition (c): a solution was found).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+_SQRT2 = math.sqrt(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+  """Settings of the AC2 controller; validated on construction."""
+
+  # Sampling (AC2 items 1-2).
+  group_size: int = 16              # g continuations per replay prefix
+  audit_fraction: float = 0.25      # alpha: ceil(alpha * ready replay slots) get full rollouts
+  n_batch: int = 192                # replay slots per step
+  n_refill: int = 192               # fresh problems per step, one full rollout each
+  buffer_capacity: int = 256        # replay buffer B, trajectories (FIFO)
+  response_budget: int = 50_000     # prefix + new tokens
+  chunk_size: int = 10_000          # b: new tokens of a ready chunk
+  cut_grid: int = 10_000            # cut positions are multiples of this
+  max_cut_fraction: float = 0.9     # cut <= max_cut_fraction * L (and <= L - 1)
+  # Critic targets and buffer (items 5, 9).
+  value_grid_step: float = 0.1      # targets live on {0, step, ..., 1}
+  critic_buffer_capacity: int = 1_920
+  critic_pairs_per_update: int = 768
+  min_valid_per_target: int = 8
+  # Readiness (item 6).
+  readiness_window: int = 5         # complete steps pooled by the global test
+  tau_global: float = 0.20
+  tau_local: float = 0.18
+  # Judge points: a rollout passes at >= pass_points of max_points with a complete answer (item 7).
+  pass_points: int = 6
+  max_points: int = 7
+  # Variant switches.
+  no_audit: bool = False
+  group_size_one: bool = False
+  stale_buffer: bool = False
+  stale_period: int = 10
+  stale_factor: int = 10
+  correct_only: bool = False
+  no_local_readiness: bool = False
+  no_reference: bool = False
+  # Critic learning-rate controller (item 10).
+  critic_lr_init: float = 2.0 * _SQRT2 * 1e-6
+  critic_lr_floor: float = 5.0 * _SQRT2 * 1e-7
+  critic_lr_ratio_threshold: float = _SQRT2
+  critic_lr_patience: int = 2       # consecutive high-ratio steps before halving
+  # Adaptive entropy control (PPO surrogate section).
+  entropy_target: float = 0.28
+  entropy_step: float = 0.02
+  entropy_k_min: float = -0.08
+  entropy_k_max: float = 0.08
+  entropy_k_init: float = 0.06
+  eps_high_base: float = 0.28
+
+  def __post_init__(self):
+    def need(ok: bool, message: str) -> None:
+      if not ok:
+        raise ValueError(f'ControllerSettings: {message}')
+
+    for name in ('group_size', 'buffer_capacity', 'response_budget', 'chunk_size', 'cut_grid',
+                 'critic_buffer_capacity', 'critic_pairs_per_update', 'min_valid_per_target',
+                 'readiness_window', 'max_points', 'stale_period', 'stale_factor',
+                 'critic_lr_patience'):
+      value = getattr(self, name)
+      need(isinstance(value, int) and value >= 1, f'{name} must be an integer >= 1, got {value!r}')
+    for name in ('n_batch', 'n_refill'):
+      value = getattr(self, name)
+      need(isinstance(value, int) and value >= 0, f'{name} must be an integer >= 0, got {value!r}')
+    need(0.0 <= self.audit_fraction <= 1.0,
+         f'audit_fraction must lie in [0, 1], got {self.audit_fraction}')
+    need(self.chunk_size <= self.response_budget,
+         f'chunk_size ({self.chunk_size}) exceeds response_budget ({self.response_budget})')
+    need(0.0 <= self.max_cut_fraction < 1.0,
+         f'max_cut_fraction must lie in [0, 1), got {self.max_cut_fraction}')
+    need(0.0 < self.value_grid_step <= 1.0,
+         f'value_grid_step must lie in (0, 1], got {self.value_grid_step}')
+    steps = 1.0 / self.value_grid_step
+    need(abs(steps - round(steps)) < 1e-9,
+         f'1 / value_grid_step must be an integer, got 1 / {self.value_grid_step} = {steps}')
+    need(self.min_valid_per_target <= self.group_size,
+         f'min_valid_per_target ({self.min_valid_per_target}) exceeds '
+         f'group_size ({self.group_size})')
+    for name in ('tau_global', 'tau_local'):
+      value = getattr(self, name)
+      need(0.0 < value <= 1.0, f'{name} must lie in (0, 1], got {value}')
+    need(isinstance(self.pass_points, int) and 0 <= self.pass_points <= self.max_points,
+         f'pass_points must be an integer in [0, max_points={self.max_points}], '
+         f'got {self.pass_points!r}')
+    need(0.0 < self.critic_lr_floor <= self.critic_lr_init,
+         f'need 0 < critic_lr_floor ({self.critic_lr_floor}) '
+         f'<= critic_lr_init ({self.critic_lr_init})')
+    need(self.critic_lr_ratio_threshold > 0.0,
+         f'critic_lr_ratio_threshold must be > 0, got {self.critic_lr_ratio_threshold}')
+    need(self.entropy_step >= 0.0, f'entropy_step must be >= 0, got {self.entropy_step}')
+    need(self.entropy_k_min <= self.entropy_k_init <= self.entropy_k_max,
+         f'need entropy_k_min ({self.entropy_k_min}) <= entropy_k_init ({self.entropy_k_init}) '
+         f'<= entropy_k_max ({self.entropy_k_max})')
+    need(self.eps_high_base + self.entropy_k_min > 0.0,
+         f'eps_high_base + entropy_k_min must be > 0, '
+         f'got {self.eps_high_base + self.entropy_k_min}')
+
+  @property
+  def effective_audit_fraction(self) -> float:
+    return 0.0 if self.no_audit else self.audit_fraction
+
+  @property
+  def grid_points(self) -> int:
+    """Number of grid intervals: the value grid is {0, 1, ..., grid_points} * value_grid_step."""
+    return int(round(1.0 / self.value_grid_step))
+
+  @property
+  def refills_per_collection(self) -> int:
+    """Refill rollouts of a step that collects them (every step, or every stale_period steps)."""
+    return self.n_refill * self.stale_factor if self.stale_buffer else self.n_refill
+
+  def with_chunk_size(self, chunk_size: int) -> 'ControllerSettings':
+    """The chunk-size variant: the chunk b and the cut grid move together."""
+    return dataclasses.replace(self, chunk_size=chunk_size, cut_grid=chunk_size)
+
+  def replace(self, **changes) -> 'ControllerSettings':
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
