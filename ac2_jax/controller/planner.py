@@ -1,0 +1,363 @@
+"""The AC2 controller: plans each step's generation requests and observes their scored results.
+
+Order of one trainer step (the controller's calls in capitals):
+  1. plan = PLAN(step): refills and replay slots (cold start / unready / ready chunk / audit).
+  2. Generate every request; score each continuation (critic or judge); read the critic's V(s) at
+     each request in plan.prefix_value_requests; all with the weights from before the update.
+  3. outcome = OBSERVE(step, results): readiness errors and flips, replay buffer, bank, critic
+     buffer.
+  4. eps_high = controller.entropy.update(H), H over the rows with an empty prefix.
+  5. Advantages in JAX (rl/) on the whole batch; actor minibatch 1.
+  6. batch = CRITIC_BATCH(step, context_limit); critic update (this step's pairs and references
+     are eligible).
+  7. Actor minibatch 2; controller.critic_lr.observe(|dV|, |dPPO1|, |dPPO2|, finite).
+  8. Checkpoint: controller.state_dict() (JSON data) beside the parameters.
+observe() comes before the critic update so that this step's pairs and new references are eligible.
+
+Every draw uses rng.generator(seed, purpose, step): plan(step) is a pure function of the state after
+the previous observe, so a restored controller plans exactly what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from ac2_jax.controller import rng as rng_lib
+from ac2_jax.controller import sampling
+from ac2_jax.controller import state as state_lib
+from ac2_jax.controller.bank import ReferenceBank
+from ac2_jax.controller.critic_buffer import ContextLimit, CriticBatch, CriticBuffer, CriticPair
+from ac2_jax.controller.readiness import Readiness
+from ac2_jax.controller.replay import ReplayBuffer, Trajectory, freeze_tokens
+from ac2_jax.controller.schedules import CriticLRController, EntropyController
+from ac2_jax.controller.settings import ControllerSettings
+from ac2_jax.controller.steps import (Continuation, GenerationRequest, RequestKind, RequestResult,
+                                      StepOutcome, StepPlan, StepStats, check_result, passes)
+from ac2_jax.controller.targets import group_target
+
+_EMPTY = np.zeros((0,), np.int32)
+_EMPTY.flags.writeable = False
+_STATE_VERSION = 1
+
+
+class Controller:
+  """Host state of an AC2 run: replay buffer, readiness, bank, critic buffer, schedules."""
+
+  def __init__(self, settings: ControllerSettings, seed: int, problem_ids: Sequence[Hashable]):
+    if not isinstance(settings, ControllerSettings):
+      raise TypeError(f'settings must be a ControllerSettings, got {type(settings).__name__}')
+    self.settings = settings
+    self.seed = int(seed)
+    self.problem_ids = tuple(problem_ids)
+    if not self.problem_ids:
+      raise ValueError('problem_ids is empty: the controller needs the training problems')
+    self._index = {pid: i for i, pid in enumerate(self.problem_ids)}
+    if len(self._index) != len(self.problem_ids):
+      raise ValueError('problem_ids contains duplicates')
+    if settings.stale_buffer:
+      self.replay = ReplayBuffer(max(1, settings.refills_per_collection))
+    else:
+      self.replay = ReplayBuffer(settings.buffer_capacity)
+    self.critic_buffer = CriticBuffer(settings.critic_buffer_capacity)
+    self.bank = ReferenceBank(len(self.problem_ids))
+    self.readiness = Readiness(len(self.problem_ids), settings)
+    self.critic_lr = CriticLRController(settings)
+    self.entropy = EntropyController(settings)
+    self.last_step: int | None = None
+    self._stale_collection_step: int | None = None
+    self._next_trajectory_id = 0
+    self._pending: StepPlan | None = None
+
+  # --- lookups ------------------------------------------------------------------------------------
+
+  def problem_index(self, problem_id: Hashable) -> int:
+    try:
+      return self._index[problem_id]
+    except KeyError:
+      raise KeyError(f'unknown problem id {problem_id!r}') from None
+
+  def is_ready(self, problem_id: Hashable) -> bool:
+    return bool(self.readiness.ready_P[self.problem_index(problem_id)])
+
+  def reference(self, problem_id: Hashable) -> Any:
+    """The bank's reference for a problem, or None."""
+    return self.bank.get(self.problem_index(problem_id))
+
+  def _generator(self, purpose: str, step: int) -> np.random.Generator:
+    return rng_lib.generator(self.seed, purpose, step)
+
+  def _collects_refills(self, step: int) -> bool:
+    if not self.settings.stale_buffer:
+      return True
+    last = self._stale_collection_step
+    return last is None or step - last >= self.settings.stale_period
+
+  # --- plan ---------------------------------------------------------------------------------------
+
+  def plan(self, step: int) -> StepPlan:
+    """The generation requests of `step` (refills first, then replay slots in slot order)."""
+    step = int(step)
+    if self.last_step is not None and step <= self.last_step:
+      raise ValueError(f'step {step} was already observed (last observed: {self.last_step})')
+    if self._pending is not None and self._pending.step == step:
+      return self._pending
+    s = self.settings
+    budget = s.response_budget
+    requests: list[GenerationRequest] = []
+    num_refills = s.refills_per_collection if self._collects_refills(step) else 0
+    all_problems = np.arange(len(self.problem_ids))
+    for p in sampling.cycle_draw(self._generator('refill', step), all_problems, num_refills):
+      requests.append(GenerationRequest(RequestKind.REFILL, self.problem_ids[p], -1, -1, _EMPTY,
+                                        0, 1, budget, budget, False, False))
+
+    num_ready_slots = 0
+    if len(self.replay) == 0:
+      cold = sampling.cycle_draw(self._generator('cold_start', step), all_problems, s.n_batch)
+      for slot, p in enumerate(cold):
+        requests.append(GenerationRequest(RequestKind.COLD_START, self.problem_ids[p], slot, -1,
+                                          _EMPTY, 0, s.group_size, budget, budget, False, True))
+    else:
+      groups = self.replay.by_problem()
+      slot_problems = sampling.cycle_draw(self._generator('replay_problems', step),
+                                          np.fromiter(groups, np.int64), s.n_batch)
+      counts = np.array([len(groups[p]) for p in slot_problems], np.int64)
+      picks = self._generator('replay_trajectories', step).integers(0, counts)
+      trajectories = [groups[p][k] for p, k in zip(slot_problems.tolist(), picks.tolist())]
+      cuts = sampling.sample_cuts(self._generator('cuts', step),
+                                  np.array([t.length for t in trajectories], np.int64),
+                                  s.cut_grid, s.max_cut_fraction)
+      ready = self.readiness.ready_P[slot_problems]
+      ready_slots = np.flatnonzero(ready)
+      num_ready_slots = int(ready_slots.size)
+      audited = set(ready_slots[sampling.select_audits(
+          self._generator('audit', step), num_ready_slots, s.effective_audit_fraction)].tolist())
+      singles_rng = self._generator('group_one', step)
+      for slot, (trajectory, cut) in enumerate(zip(trajectories, cuts.tolist())):
+        if not ready[slot] or slot in audited:
+          kind = RequestKind.AUDIT if ready[slot] else RequestKind.UNREADY
+          requests.append(self._replay_request(kind, slot, trajectory, cut, s.group_size))
+        elif s.group_size_one:
+          singles = sampling.distinct_prefixes(singles_rng, groups[trajectory.problem],
+                                               s.group_size, s.cut_grid, s.max_cut_fraction)
+          for single, single_cut in singles:
+            requests.append(self._replay_request(RequestKind.READY_CHUNK, slot, single, single_cut,
+                                                 1))
+        else:
+          requests.append(self._replay_request(RequestKind.READY_CHUNK, slot, trajectory, cut,
+                                               s.group_size))
+    plan = StepPlan(step, tuple(requests), num_ready_slots, s.n_batch)
+    self._pending = plan
+    return plan
+
+  def _replay_request(self, kind: RequestKind, slot: int, trajectory: Trajectory, cut: int,
+                      num_continuations: int) -> GenerationRequest:
+    remaining = self.settings.response_budget - cut
+    chunk = kind == RequestKind.READY_CHUNK
+    max_new = min(self.settings.chunk_size, remaining) if chunk else remaining
+    return GenerationRequest(kind, self.problem_ids[trajectory.problem], slot,
+                             trajectory.trajectory_id, trajectory.tokens_L[:cut], cut,
+                             num_continuations, max_new, remaining, chunk, True)
+
+  # --- observe ------------------------------------------------------------------------------------
+
+  def observe(self, step: int, results: Sequence[RequestResult]) -> StepOutcome:
+    """Takes the scored results of plan(step), one per request in plan order; updates the state."""
+    step = int(step)
+    plan = self._pending
+    if plan is None or plan.step != step:
+      raise ValueError(f'observe({step}) without a pending plan for that step: '
+                       f'call plan({step}) first')
+    if len(results) != len(plan.requests):
+      raise ValueError(f'step {step}: got {len(results)} results for {len(plan.requests)} requests')
+    for i, (request, result) in enumerate(zip(plan.requests, results)):
+      check_result(i, request, result, self.settings)
+    s = self.settings
+    num_requests = len(plan.requests)
+    targets_R = np.full((num_requests,), np.nan)
+    errors_R = np.full((num_requests,), np.nan)
+    error_problems: list[int] = []
+    nonzero: list[int] = []
+    pairs: list[CriticPair] = []
+    candidates: list[tuple[int, Any]] = []
+    new_trajectories: list[Trajectory] = []
+    dropped = invalid_predictions = 0
+    trajectories_by_id = {t.trajectory_id: t for t in self.replay.trajectories}
+
+    for i, (request, result) in enumerate(zip(plan.requests, results)):
+      problem = self._index[request.problem_id]
+      for c in result.continuations:
+        if self._passes(c):
+          candidates.append((problem, c.reference))
+      if request.kind == RequestKind.REFILL:
+        c = result.continuations[0]
+        passed = self._passes(c)
+        trajectory = Trajectory(self._next_trajectory_id, problem, freeze_tokens(c.tokens_N),
+                                c.points, passed, c.reference if passed else None, step)
+        self._next_trajectory_id += 1
+        if not s.correct_only or trajectory.passed:
+          new_trajectories.append(trajectory)
+        continue
+      prediction = result.prefix_value
+      if prediction is not None and prediction > 0.0:
+        nonzero.append(problem)
+      single = s.group_size_one and request.kind == RequestKind.READY_CHUNK
+      if single and prediction is None:
+        dropped += 1
+      values = [c.value for c in result.continuations]
+      target = group_target(values, 1 if single else s.min_valid_per_target, s.grid_points)
+      if target is None:
+        continue
+      targets_R[i] = target
+      errors_R[i] = 1.0 if prediction is None else abs(prediction - target)
+      invalid_predictions += prediction is None
+      error_problems.append(problem)
+      if not (single and prediction is None):
+        source = trajectories_by_id.get(request.source_trajectory_id)  # None: empty by design
+        pairs.append(CriticPair(problem, source, request.cut, target, step))
+
+    has_error = ~np.isnan(errors_R)
+    self.readiness.record_step(np.array(error_problems, np.int64), errors_R[has_error],
+                               np.array(nonzero, np.int64))
+    # Readiness reads the bank as it was before this step's additions.
+    newly_ready = self.readiness.update(self.bank.mask())
+    bank_added = self.bank.add_candidates(self._generator('bank', step), candidates)
+    for pair in pairs:
+      self.critic_buffer.add(pair)
+    if s.stale_buffer:
+      if self._collects_refills(step):
+        self.replay.replace_all(new_trajectories)
+        self._stale_collection_step = step
+    else:
+      for trajectory in new_trajectories:
+        self.replay.add(trajectory)
+    self.last_step = step
+    self._pending = None
+
+    kinds = [r.kind for r in plan.requests]
+    audited = np.array([k == RequestKind.AUDIT for k in kinds], bool) & has_error
+    slots = plan.num_replay_slots
+    stats = StepStats(
+        ready_fraction=plan.num_ready_slots / slots if slots else math.nan,
+        critic_error=float(errors_R[has_error].mean()) if has_error.any() else math.nan,
+        critic_error_audited=float(errors_R[audited].mean()) if audited.any() else math.nan,
+        global_window_error=self.readiness.window_error(),
+        global_ready=self.readiness.global_ok(),
+        num_ready_problems=self.readiness.num_ready,
+        num_newly_ready=int(newly_ready.size),
+        num_targets=int(has_error.sum()),
+        num_invalid_predictions=int(invalid_predictions),
+        num_pairs_added=len(pairs),
+        num_dropped_rows=dropped,
+        num_bank_added=len(bank_added),
+        bank_size=len(self.bank),
+        buffer_size=len(self.replay),
+        critic_buffer_size=len(self.critic_buffer),
+        num_refills=kinds.count(RequestKind.REFILL),
+        num_cold_start=kinds.count(RequestKind.COLD_START),
+        num_unready=kinds.count(RequestKind.UNREADY),
+        num_ready_chunk=kinds.count(RequestKind.READY_CHUNK),
+        num_audit=kinds.count(RequestKind.AUDIT),
+    )
+    return StepOutcome(step, targets_R, errors_R,
+                       tuple(self.problem_ids[p] for p in newly_ready.tolist()), stats)
+
+  def _passes(self, c: Continuation) -> bool:
+    return passes(c, self.settings)
+
+  # --- critic -------------------------------------------------------------------------------------
+
+  def critic_batch(self, step: int, context_limit: ContextLimit = None) -> CriticBatch:
+    """Records of this step's critic update: up to critic_pairs_per_update pairs drawn without
+    replacement from the critic buffer, skipping those whose context does not fit.
+
+    A pair's reference is its source trajectory's own solution if that trajectory passed, else the
+    bank's current reference for its problem (None in the no-reference variant).
+    """
+    return self.critic_buffer.sample(self._generator('critic_batch', int(step)),
+                                     self.settings.critic_pairs_per_update, self._pair_reference,
+                                     lambda p: self.problem_ids[p], context_limit)
+
+  def _pair_reference(self, pair: CriticPair) -> Any:
+    if self.settings.no_reference:
+      return None
+    if pair.source is not None and pair.source.passed:
+      return pair.source.reference
+    return self.bank.get(pair.problem)
+
+  # --- checkpoint ---------------------------------------------------------------------------------
+
+  def state_dict(self) -> dict:
+    """Everything kept between steps, as JSON data (call after observe(), before next plan())."""
+    if self._pending is not None:
+      raise ValueError(f'step {self._pending.step} is planned but not observed: '
+                       'save after observe()')
+    replay = self.replay.trajectories
+    pairs = self.critic_buffer.pairs
+    stored = {t.trajectory_id: t for t in replay}
+    stored.update({p.source.trajectory_id: p.source for p in pairs if p.source is not None})
+    # A trajectory that left the replay buffer is only read up to its pairs' cuts: save just that.
+    kept = {t.trajectory_id: t.length for t in replay}
+    for pair in pairs:
+      if pair.source is not None:
+        key = pair.source.trajectory_id
+        kept[key] = max(kept.get(key, 0), pair.cut)
+    readiness = self.readiness.state_dict()
+    return {
+        'version': _STATE_VERSION,
+        'seed': self.seed,
+        'problem_ids_digest': state_lib.ids_digest(self.problem_ids),
+        'num_problems': len(self.problem_ids),
+        'settings': self.settings.to_dict(),
+        'last_step': self.last_step,
+        'stale_collection_step': self._stale_collection_step,
+        'next_trajectory_id': self._next_trajectory_id,
+        'trajectories': state_lib.pack_trajectories([stored[k] for k in sorted(stored)], kept),
+        'replay_ids': [t.trajectory_id for t in replay],
+        'critic_pairs': state_lib.pack_pairs(pairs),
+        'bank': [[p, state_lib.pack_value(r)] for p, r in self.bank.items()],
+        'readiness': {
+            'ready': state_lib.pack_array(readiness['ready']),
+            'latest_error': state_lib.pack_array(readiness['latest_error']),
+            'nonzero_prediction': state_lib.pack_array(readiness['nonzero_prediction']),
+            'window': [state_lib.pack_array(w) for w in readiness['window']],
+        },
+        'critic_lr': self.critic_lr.state_dict(),
+        'entropy': self.entropy.state_dict(),
+    }
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores state_dict() output.
+
+    The problem ids must match. Settings may differ (a variant branched from a checkpoint): the
+    buffers and the readiness window then keep their newest entries up to the new sizes.
+    """
+    if state.get('version') != _STATE_VERSION:
+      raise ValueError(f'controller state version {state.get("version")!r}, '
+                       f'expected {_STATE_VERSION}')
+    if (state['num_problems'] != len(self.problem_ids)
+        or state['problem_ids_digest'] != state_lib.ids_digest(self.problem_ids)):
+      raise ValueError(f'the checkpoint was written for other problem ids '
+                       f'({state["num_problems"]} problems); this controller has '
+                       f'{len(self.problem_ids)}')
+    by_id = state_lib.unpack_trajectories(state['trajectories'])
+    self.replay.replace_all(by_id[k] for k in state['replay_ids'])
+    self.critic_buffer = CriticBuffer(self.settings.critic_buffer_capacity)
+    for pair in state_lib.unpack_pairs(state['critic_pairs'], by_id):
+      self.critic_buffer.add(pair)
+    self.bank.load_items([(int(p), state_lib.unpack_value(r)) for p, r in state['bank']])
+    r = state['readiness']
+    self.readiness.load_state_dict({
+        'ready': state_lib.unpack_array(r['ready']),
+        'latest_error': state_lib.unpack_array(r['latest_error']),
+        'nonzero_prediction': state_lib.unpack_array(r['nonzero_prediction']),
+        'window': [state_lib.unpack_array(w) for w in r['window']],
+    })
+    self.critic_lr.load_state_dict(state['critic_lr'])
+    self.entropy.load_state_dict(state['entropy'])
+    self.last_step = state['last_step']
+    self._stale_collection_step = state['stale_collection_step']
+    self._next_trajectory_id = int(state['next_trajectory_id'])
+    self._pending = None
