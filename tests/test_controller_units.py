@@ -190,3 +190,10 @@ def test_critic_buffer_fifo_sampling_limits_and_weights():
   batch = buffer.sample(np.random.default_rng(0), 10, reference_for, lambda p: p,
                         context_limit=lambda r: r.prefix_tokens_P.shape[0] <= 15)
   assert {r.problem_id for r in batch.records} == {2, 3} and batch.num_skipped == 2
+
+
+def test_the_controller_imports_no_jax():
+  code = ('import sys, ac2_jax.controller, ac2_jax.bench.controller; '
+          'print(sorted(m for m in sys.modules if m == "jax" or m.startswith("jax.")))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+  assert out.strip() == '[]'
