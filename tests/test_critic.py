@@ -67,6 +67,9 @@ def test_critic_context_without_reference(tok):
               + '<|im_start|>assistant\n<think>\n\n</think>\n\nQ value: ')
   assert tok.decode(ids) == expected
   assert ids[len(prompt_ids) + len(response_ids)] == tok.token_id('</think>')
+  # A finished response keeps a single <|im_end|>.
+  finished = critic.critic_context_ids(tok, prompt_ids, response_ids + [tok.eos_id])
+  assert finished == ids
 
 
 def test_critic_context_keeps_an_existing_think_close_and_quotes_the_reference(tok):

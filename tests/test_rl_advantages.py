@@ -91,7 +91,7 @@ def test_to_tokens():
 
 def test_li2sao_actor_and_residual_targets():
   rewards = jnp.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
-  adv = li2sao.actor_advantages(rewards, eps=0.0)
+  adv = jax.jit(li2sao.actor_advantages, static_argnames='eps')(rewards, eps=0.0)
   np.testing.assert_allclose(adv[0], [0.8660254, -0.8660254, -0.8660254, 0.8660254], rtol=1e-6)
   np.testing.assert_allclose(adv[1], 0.0)
   z, keep = jax.jit(li2sao.residual_targets)(rewards)
@@ -123,19 +123,20 @@ def test_li2sao_divergence_mask():
 
 def test_li2sao_ranking_and_readiness_statistics():
   rewards = jnp.array([[1.0, 0.0, 0.5]])
-  pairs = li2sao.ranking_pairs(rewards)
+  pairs = jax.jit(li2sao.ranking_pairs)(rewards)
   np.testing.assert_array_equal(pairs[0], [[0, 1, 1], [0, 0, 0], [0, 1, 0]])
   values = jnp.array([[0.4, -0.3, 0.5]])   # orders (0,1) and (2,1) right, (0,2) wrong
-  np.testing.assert_allclose(li2sao.ranking_accuracy(values, pairs), 2 / 3, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(li2sao.ranking_accuracy)(values, pairs), 2 / 3, rtol=1e-6)
   z, keep = li2sao.residual_targets(rewards)
   np.testing.assert_allclose(li2sao.explained_variance(z, z, keep), 1.0)
   np.testing.assert_allclose(li2sao.explained_variance(z, jnp.zeros_like(z), keep), 0.0, atol=1e-6)
   # Var(Z) = 1/6 (Z = [.5, -.5, 0]); residual Z - V = [.1, -.2, -.5], Var = 0.06.
-  np.testing.assert_allclose(li2sao.explained_variance(z, values, keep), 1 - 0.06 / (1 / 6), rtol=1e-5)
+  np.testing.assert_allclose(jax.jit(li2sao.explained_variance)(z, values, keep), 1 - 0.06 / (1 / 6),
+                             rtol=1e-5)
 
 
 def test_pact_advantages_and_targets():
-  adv = pact.advantages(jnp.array([1.0, 0.0]), jnp.array([[0.2, 0.5, 0.9], [0.3, 0.1, 0.0]]),
+  adv = jax.jit(pact.advantages)(jnp.array([1.0, 0.0]), jnp.array([[0.2, 0.5, 0.9], [0.3, 0.1, 0.0]]),
                         jnp.array([[1, 1, 1], [1, 1, 0]]))
   np.testing.assert_allclose(adv, [[0.8, 0.5, 0.1], [-0.3, -0.1, 0.0]], atol=1e-6)
   new = jnp.log(jnp.array([[0.5, 0.9, 0.7]]))

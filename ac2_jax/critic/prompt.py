@@ -24,7 +24,8 @@ _ANSWER_FORMAT = ("Don't think; answer immediately with a single line and nothin
                   'where z is one of 0, 0.1, ..., 1. The first characters of your response must be '
                   '`Q value:`.')
 
-# The proof task's instructions, verbatim from the AC2 paper (Appendix C, "Critic prompt").
+# The proof task's instructions: the AC2 paper's words (Appendix C, "Critic prompt"); the line breaks are ours,
+# since the paper's layout does not survive in its text.
 PROOF_INSTRUCTION = _ASK + '\n\n' + _ANSWER_FORMAT
 PROOF_INSTRUCTION_WITH_REFERENCE = (
     _ASK + '\n\nYou should refer to a reference correct proof here:\n' + REFERENCE_SLOT + '\n\n'
@@ -64,7 +65,11 @@ def critic_context_ids(tok: tokenization.Tokenizer, prompt_ids: Sequence[int],
   `response_ids` the partial response, possibly empty. With `reference`, the instruction quotes it.
   """
   think_close = tok.token_id(tokenization.THINK_CLOSE)
-  ids = list(prompt_ids) + list(response_ids)
+  response_ids = [int(i) for i in response_ids]
+  if response_ids and response_ids[-1] == tok.eos_id:
+    # A finished response (diagnostics only; training scores those with the judge) is closed once, not twice.
+    response_ids = response_ids[:-1]
+  ids = [int(i) for i in prompt_ids] + response_ids
   if think_close not in response_ids:
     ids.append(think_close)
   ids += [tok.eos_id] + tok.encode('\n')

@@ -67,9 +67,10 @@ def rloo_advantages(rewards_NxG, mask_NxG=None):
 def ac2_chunk_advantages(values_NxG, valid_NxG, mask_NxG=None):
   """AC2 advantages A_i = v_i - mean_j v_j with the invalid-value rules (ALGORITHMS.md, AC2 step 4).
 
-  `values_NxG` holds endpoint values (critic reads or judge rewards); `valid_NxG` is False where the critic's
-  value was unparseable. An invalid v_i is replaced by the mean of the group's valid values (0 if none)
-  before the group mean is taken, and its row gets loss weight 0.
+  `values_NxG` holds endpoint values (critic reads or judge rewards; a judge failure is a valid 0);
+  `valid_NxG` is False only where the critic's value was unparseable. An invalid v_i is replaced by the mean
+  of the group's valid values (0 if none) before the group mean is taken, and its row gets loss weight 0
+  (multiply the row's loss mask by it, so it leaves the token count too).
 
   Returns (advantages_NxG, loss_weights_NxG, filled_values_NxG).
   """
