@@ -154,8 +154,24 @@ def param_shardings(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES
 
 
 def shard_params(params: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
-  """`params` placed on `mesh` by the partition rules."""
-  return jax.device_put(params, param_shardings(params, mesh, rules))
+  """`params` (host or device arrays) placed on `mesh` by the partition rules, in fresh buffers.
+
+  Donating the result to a jitted step therefore never deletes the caller's `params`.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  shardings = treedef.flatten_up_to(param_shardings(params, mesh, rules))
+  out = [None] * len(leaves)
+  on_device = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+  # jax.device_put can hand back the caller's own buffer as one shard (even with may_alias=False);
+  # a jitted identity always writes new buffers. Host arrays go straight to their shards.
+  copied = jax.jit(lambda xs: xs, out_shardings=[shardings[i] for i in on_device])(
+      [leaves[i] for i in on_device])
+  for i, x in zip(on_device, copied):
+    out[i] = x
+  for i, x in enumerate(leaves):
+    if out[i] is None:
+      out[i] = jax.device_put(x, shardings[i])
+  return treedef.unflatten(out)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
