@@ -1,4 +1,4 @@
-"""Critic value grid, reply parsing and the token-level critic prompt (with a SentencePiece model trained here)."""
+"""Critic value grid, reply parsing, and the token-level critic prompt (SentencePiece made here)."""
 
 import jax
 import numpy as np
@@ -20,19 +20,21 @@ _CORPUS = [
 @pytest.fixture(scope='module')
 def tok(tmp_path_factory):
   return tokenization.SentencePieceTokenizer.train(
-      iter(_CORPUS), str(tmp_path_factory.mktemp('sp') / 'critic'), 300, user_defined_symbols=['Q value:'])
+      iter(_CORPUS), str(tmp_path_factory.mktemp('sp') / 'critic'), 300,
+      user_defined_symbols=['Q value:'])
 
 
 def test_round_to_grid_hand_numbers_and_ties_down():
   cases = {0.0: 0.0, 0.04: 0.0, 0.05: 0.0, 0.051: 0.1, 0.25: 0.2, 0.26: 0.3, 0.35: 0.3, 0.45: 0.4,
-           0.95: 0.9, 0.96: 1.0, 1.0: 1.0, -0.3: 0.0, 1.7: 1.0, 0.15000000000000002: 0.1, 2 / 3: 0.7}
+           0.95: 0.9, 0.96: 1.0, 1.0: 1.0, -0.3: 0.0, 1.7: 1.0, 0.15000000000000002: 0.1,
+           2 / 3: 0.7}
   for x, expected in cases.items():
     assert critic.round_to_grid(x) == expected, x
   # A group mean that is a tie only up to float error: mean of [0.1, 0.2] is 0.15000000000000002.
   assert critic.round_to_grid(np.mean([0.1, 0.2])) == 0.1
   xs = np.linspace(-0.2, 1.2, 1401)
-  np.testing.assert_allclose(jax.jit(critic.round_to_grid_jnp)(xs), [critic.round_to_grid(x) for x in xs],
-                             atol=1e-7)
+  np.testing.assert_allclose(jax.jit(critic.round_to_grid_jnp)(xs),
+                             [critic.round_to_grid(x) for x in xs], atol=1e-7)
   with pytest.raises(ValueError, match='finite'):
     critic.round_to_grid(float('nan'))
 
@@ -50,7 +52,8 @@ def test_parse_value():
 
 
 def test_format_value_round_trips_every_grid_value():
-  assert [values.format_value(v) for v in critic.GRID] == ['0'] + [f'0.{i}' for i in range(1, 10)] + ['1']
+  expected = ['0'] + [f'0.{i}' for i in range(1, 10)] + ['1']
+  assert [values.format_value(v) for v in critic.GRID] == expected
   for v in critic.GRID:
     assert critic.parse_value(values.format_value(v)) == v
   with pytest.raises(ValueError, match='not on the grid'):
@@ -58,7 +61,8 @@ def test_format_value_round_trips_every_grid_value():
 
 
 def test_critic_context_without_reference(tok):
-  prompt_ids = tokenization.render_chat(tok, [tokenization.Turn('user', 'Prove that 2 + 2 is even.')])
+  prompt_ids = tokenization.render_chat(tok,
+                                        [tokenization.Turn('user', 'Prove that 2 + 2 is even.')])
   response_ids = tok.encode('Let a = 2m.')
   ids = critic.critic_context_ids(tok, prompt_ids, response_ids)
   assert ids[:len(prompt_ids) + len(response_ids)] == prompt_ids + response_ids
@@ -78,23 +82,29 @@ def test_critic_context_keeps_an_existing_think_close_and_quotes_the_reference(t
   reference = 'Let $a = 2m$ and $b = 2n$; then {a + b} = 2(m + n).'
   ids = critic.critic_context_ids(tok, prompt_ids, response_ids, reference=reference)
   text = tok.decode(ids)
-  assert text.count('</think>') == 2   # the response's own, and the prefill's empty thinking section
+  # The response's own </think>, and the prefill's empty thinking section.
+  assert text.count('</think>') == 2
   assert ('Proof: trivial<|im_end|>\n<|im_start|>user\nPause here' in text)
   assert 'You should refer to a reference correct proof here:\n' + reference + '\n\n' in text
   assert text.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\nQ value: ')
 
 
 def test_custom_instructions_and_their_validation(tok):
-  instructions = critic.CriticInstructions(plain='Rate it.', with_reference='Rate it against {reference}.')
+  instructions = critic.CriticInstructions(plain='Rate it.',
+                                           with_reference='Rate it against {reference}.')
   ids = critic.critic_context_ids(tok, [], [], reference='R', instructions=instructions)
   assert '<|im_start|>user\nRate it against R.<|im_end|>' in tok.decode(ids)
+  assert critic.critic_context_ids(tok, [], [], instruction_text='Rate it against R.') == ids
+  with pytest.raises(ValueError, match='not both'):
+    critic.critic_context_ids(tok, [], [], reference='R', instruction_text='x')
   with pytest.raises(ValueError, match='exactly once'):
     critic.CriticInstructions(with_reference='no slot')
   with pytest.raises(ValueError, match='plain'):
     critic.CriticInstructions(plain='has {reference}')
   assert '{reference}' in critic_prompt.PROOF_INSTRUCTION_WITH_REFERENCE
-  assert critic_prompt.PROOF_INSTRUCTION.startswith('Pause here and estimate how much rubric credit')
-  assert critic_prompt.PROOF_INSTRUCTION.endswith('The first characters of your response must be `Q value:`.')
+  instruction = critic_prompt.PROOF_INSTRUCTION
+  assert instruction.startswith('Pause here and estimate how much rubric credit')
+  assert instruction.endswith('The first characters of your response must be `Q value:`.')
 
 
 def test_value_target_ids_and_prompt_variants(tok):

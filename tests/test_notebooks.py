@@ -1,4 +1,4 @@
-"""Executes the notebooks top to bottom (nbclient, kernel python3): each must run without error and plot."""
+"""Executes each notebook top to bottom (nbclient, kernel python3): no error, at least one plot."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Group advantage estimators (GRPO, RLOO, AC2), Li2SAO bootstrap targets and PACT, against hand numbers."""
+"""Group advantage estimators (GRPO, RLOO, AC2), Li2SAO targets and PACT, against hand numbers."""
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,8 @@ def test_grpo_hand_numbers_and_zero_sum():
 def test_grpo_std_normalisation_and_ragged_groups():
   # Group [1, 0, 0, 1]: mean 0.5, population std 0.5 -> +-1; sample std sqrt(1/3) -> +-0.866.
   r = jnp.array([[1.0, 0.0, 0.0, 1.0]])
-  np.testing.assert_allclose(advantages.grpo_advantages(r, normalize_std=True, eps=0.0), [[1, -1, -1, 1]])
+  np.testing.assert_allclose(advantages.grpo_advantages(r, normalize_std=True, eps=0.0),
+                             [[1, -1, -1, 1]])
   np.testing.assert_allclose(advantages.grpo_advantages(r, normalize_std=True, eps=0.0, std_ddof=1),
                              [[0.8660254, -0.8660254, -0.8660254, 0.8660254]], rtol=1e-6)
   # The last row is absent: mean over [1, 0, 0.5] = 0.5.
@@ -43,26 +44,29 @@ def test_rloo():
   np.testing.assert_allclose(adv, [[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0, 0, 0, 0]], rtol=1e-6)
   # RLOO = G / (G - 1) x GRPO on full groups.
   r = np.random.default_rng(1).uniform(size=(3, 6))
-  np.testing.assert_allclose(advantages.rloo_advantages(r), 6 / 5 * advantages.grpo_advantages(r), atol=1e-6)
+  np.testing.assert_allclose(advantages.rloo_advantages(r), 6 / 5 * advantages.grpo_advantages(r),
+                             atol=1e-6)
 
 
 def test_ac2_chunk_advantages_invalid_rules():
-  values = jnp.array([[0.8, 0.2, jnp.nan, 0.5],    # one invalid -> filled with mean(0.8, 0.2, 0.5) = 0.5
-                      [0.3, 0.9, 0.1, 0.7],        # all invalid -> filled with 0
-                      [0.4, 0.6, 0.0, 0.0]])       # two rows absent
+  # Row 0: one invalid, filled with mean(0.8, 0.2, 0.5) = 0.5; row 1: all invalid, filled with 0;
+  # row 2: two rows absent.
+  values = jnp.array([[0.8, 0.2, jnp.nan, 0.5], [0.3, 0.9, 0.1, 0.7], [0.4, 0.6, 0.0, 0.0]])
   valid = jnp.array([[1, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
   present = jnp.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]])
   adv, weights, filled = jax.jit(advantages.ac2_chunk_advantages)(values, valid, present)
-  np.testing.assert_allclose(filled, [[0.8, 0.2, 0.5, 0.5], [0, 0, 0, 0], [0.4, 0.6, 0, 0]], atol=1e-6)
-  np.testing.assert_allclose(adv, [[0.3, -0.3, 0.0, 0.0], [0, 0, 0, 0], [-0.1, 0.1, 0, 0]], atol=1e-6)
+  np.testing.assert_allclose(filled, [[0.8, 0.2, 0.5, 0.5], [0, 0, 0, 0], [0.4, 0.6, 0, 0]],
+                             atol=1e-6)
+  np.testing.assert_allclose(adv, [[0.3, -0.3, 0.0, 0.0], [0, 0, 0, 0], [-0.1, 0.1, 0, 0]],
+                             atol=1e-6)
   np.testing.assert_array_equal(weights, [[1, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])
   assert np.all(np.isfinite(adv))
 
 
 def test_ac2_critic_targets():
-  values = jnp.array([[0.2] * 4 + [0.3] * 4 + [0.0] * 8,      # 8 valid, mean 0.25 -> tie rounds down: 0.2
-                      [1.0] * 7 + [0.0] * 9,                  # 7 valid only -> no target
-                      [0.66] * 16])                           # mean 0.66 -> 0.7
+  # Row 0: 8 valid, mean 0.25 -> a tie, rounds down: 0.2; row 1: 7 valid only -> no target;
+  # row 2: mean 0.66 -> 0.7.
+  values = jnp.array([[0.2] * 4 + [0.3] * 4 + [0.0] * 8, [1.0] * 7 + [0.0] * 9, [0.66] * 16])
   valid = jnp.array([[1] * 8 + [0] * 8, [1] * 7 + [0] * 9, [1] * 16], bool)
   targets, has = jax.jit(advantages.ac2_critic_targets)(values, valid)
   np.testing.assert_allclose(targets, [0.2, 0.0, 0.7], atol=1e-6)
@@ -78,7 +82,7 @@ def test_ac2_single_advantages():
       jnp.array([0.5, 0.4, 0.1, 0.2]), jnp.array([True, False, True, True]))
   np.testing.assert_allclose(adv, [0.2, 0.0, 0.0, 0.25], atol=1e-6)
   np.testing.assert_array_equal(weights, [1, 0, 0, 1])
-  np.testing.assert_allclose(targets, [0.7, 0.0, 0.0, 0.4], atol=1e-6)   # 0.45 is a tie: rounds down
+  np.testing.assert_allclose(targets, [0.7, 0.0, 0.0, 0.4], atol=1e-6)  # 0.45 is a tie: down
   np.testing.assert_array_equal(has, [True, False, False, True])
 
 
@@ -96,7 +100,7 @@ def test_li2sao_actor_and_residual_targets():
   np.testing.assert_allclose(adv[1], 0.0)
   z, keep = jax.jit(li2sao.residual_targets)(rewards)
   np.testing.assert_allclose(z, [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0]])
-  np.testing.assert_array_equal(keep, [[True] * 4, [False] * 4])   # identical rewards: group dropped
+  np.testing.assert_array_equal(keep, [[True] * 4, [False] * 4])  # identical rewards: dropped
 
 
 def test_li2sao_divergence_mask():
@@ -105,7 +109,8 @@ def test_li2sao_divergence_mask():
                        [5, 6, 1, 2, 0, 0],
                        [5, 6, 7, 8, 3, 4]]])
   lengths = jnp.array([[5, 4, 6]])
-  model = jnp.ones((1, 3, 6), bool).at[0, 2, 3].set(False)   # position 3 of response 2 is an observation
+  # Position 3 of response 2 is an observation token.
+  model = jnp.ones((1, 3, 6), bool).at[0, 2, 3].set(False)
   rewards = jnp.array([[1.0, 0.0, 0.0]])
   mask = jax.jit(li2sao.divergence_mask)(tokens, lengths, model, rewards)
   # d_0 = max(d(0,1)=2, d(0,2)=4) = 4; d_1 = d(1,0) = 2; d_2 = d(2,0) = 4.
@@ -114,10 +119,13 @@ def test_li2sao_divergence_mask():
                                           [0, 0, 0, 0, 1, 1]])
   # No opposite outcome: only the last model token is kept.
   mask = li2sao.divergence_mask(tokens, lengths, model, jnp.array([[1.0, 1.0, 1.0]]))
-  np.testing.assert_array_equal(mask[0], [[0, 0, 0, 0, 1, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1]])
+  np.testing.assert_array_equal(mask[0], [[0, 0, 0, 0, 1, 0],
+                                          [0, 0, 0, 1, 0, 0],
+                                          [0, 0, 0, 0, 0, 1]])
   # Identical text, different outcomes: d falls past the end, so the last model token is kept.
   same = jnp.array([[[5, 6, 7], [5, 6, 7]]])
-  mask = li2sao.divergence_mask(same, jnp.array([[3, 3]]), jnp.ones((1, 2, 3), bool), jnp.array([[1.0, 0.0]]))
+  mask = li2sao.divergence_mask(same, jnp.array([[3, 3]]), jnp.ones((1, 2, 3), bool),
+                                jnp.array([[1.0, 0.0]]))
   np.testing.assert_array_equal(mask[0], [[0, 0, 1], [0, 0, 1]])
 
 
@@ -131,13 +139,14 @@ def test_li2sao_ranking_and_readiness_statistics():
   np.testing.assert_allclose(li2sao.explained_variance(z, z, keep), 1.0)
   np.testing.assert_allclose(li2sao.explained_variance(z, jnp.zeros_like(z), keep), 0.0, atol=1e-6)
   # Var(Z) = 1/6 (Z = [.5, -.5, 0]); residual Z - V = [.1, -.2, -.5], Var = 0.06.
-  np.testing.assert_allclose(jax.jit(li2sao.explained_variance)(z, values, keep), 1 - 0.06 / (1 / 6),
-                             rtol=1e-5)
+  np.testing.assert_allclose(jax.jit(li2sao.explained_variance)(z, values, keep),
+                             1 - 0.06 / (1 / 6), rtol=1e-5)
 
 
 def test_pact_advantages_and_targets():
-  adv = jax.jit(pact.advantages)(jnp.array([1.0, 0.0]), jnp.array([[0.2, 0.5, 0.9], [0.3, 0.1, 0.0]]),
-                        jnp.array([[1, 1, 1], [1, 1, 0]]))
+  adv = jax.jit(pact.advantages)(jnp.array([1.0, 0.0]),
+                                 jnp.array([[0.2, 0.5, 0.9], [0.3, 0.1, 0.0]]),
+                                 jnp.array([[1, 1, 1], [1, 1, 0]]))
   np.testing.assert_allclose(adv, [[0.8, 0.5, 0.1], [-0.3, -0.1, 0.0]], atol=1e-6)
   new = jnp.log(jnp.array([[0.5, 0.9, 0.7]]))
   old = jnp.log(jnp.array([[0.25, 0.1, 0.7]]))   # rho = 2, 9 (> 6: masked), 1

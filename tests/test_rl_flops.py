@@ -1,4 +1,4 @@
-"""Decoding FLOPs: the paper's Qwen3-4B coefficients, hand numbers, and the mean-estimate identity."""
+"""Decoding FLOPs: the paper's Qwen3-4B coefficients, hand numbers, the mean-estimate identity."""
 
 from fractions import Fraction
 
@@ -28,7 +28,8 @@ def test_decoding_flops_hand_numbers_ints_and_arrays():
   assert isinstance(flops.decoding_flops(c, np.int64(7), 3), int)
   out = flops.decoding_flops(c, np.array([100, 5, 40_000]), np.array([4, 0, 10_000]))
   assert out.dtype == np.float64
-  np.testing.assert_array_equal(out, [a * 3 + b * 306, 0, a * 9_999 + b * (9_999 * 40_000 + 9_999 * 10_000 // 2)])
+  long_request = a * 9_999 + b * (9_999 * 40_000 + 9_999 * 10_000 // 2)
+  np.testing.assert_array_equal(out, [a * 3 + b * 306, 0, long_request])
   with pytest.raises(ValueError, match='new_tokens'):
     flops.decoding_flops(c, 3, -1)
   with pytest.raises(ValueError, match='differ in length'):
@@ -41,7 +42,8 @@ def test_mean_estimate_differs_by_exactly_nb_cov_plus_half_var():
   rng = np.random.default_rng(0)
   n = 257
   p = rng.integers(50, 40_000, size=n)
-  g = rng.integers(1, 10_001, size=n) + (p // 10)   # correlated with p; every request emits >= 1 token
+  # Correlated with p; every request emits at least one token.
+  g = rng.integers(1, 10_001, size=n) + (p // 10)
   total = flops.total_decoding_flops(c, p, g)
   m = g - 1
   # Exact moments with denominator N, in rationals.

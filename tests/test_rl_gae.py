@@ -1,4 +1,4 @@
-"""GAE over token masks, skip-observation GAE and adaptive lambda: hand numbers and the lambda identities."""
+"""GAE over token masks, skip-observation GAE, adaptive lambda: hand numbers, lambda identities."""
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +59,8 @@ def test_lambda_one_and_zero_identities_with_prefix_and_padding():
   adv, _ = run(values, rewards, mask, gamma=0.95, lam=0.7)
   for i in range(b):
     s, e = starts[i], ends[i]
-    np.testing.assert_allclose(adv[i, s:e], _reference_gae(values[i, s:e], np.asarray(rewards)[i, s:e],
-                                                           0.95, 0.7), atol=1e-5)
+    expected = _reference_gae(values[i, s:e], np.asarray(rewards)[i, s:e], 0.95, 0.7)
+    np.testing.assert_allclose(adv[i, s:e], expected, atol=1e-5)
 
 
 def test_per_row_lambda():
@@ -99,7 +99,8 @@ def test_skip_observation_gae():
 
 def test_adaptive_lambda():
   lam = gae.adaptive_lambda(jnp.array([0, 1, 2, 10, 1000]))
-  np.testing.assert_allclose(lam, [0.0, 1 - 1 / 1.5, 1 - 1 / 3, 1 - 1 / 15, 1 - 1 / 1500], rtol=1e-6)
+  np.testing.assert_allclose(lam, [0.0, 1 - 1 / 1.5, 1 - 1 / 3, 1 - 1 / 15, 1 - 1 / 1500],
+                             rtol=1e-6)
 
 
 def test_terminal_rewards_empty_row():

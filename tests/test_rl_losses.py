@@ -1,4 +1,4 @@
-"""Policy losses (PPO with dual clip, DIS, truncated IS), critic losses and entropy: hand numbers + properties."""
+"""Policy losses (PPO + dual clip, DIS, truncated IS), critic losses and entropy."""
 
 import jax
 import jax.numpy as jnp
@@ -9,16 +9,18 @@ from ac2_jax.rl import critic_loss, entropy, policy_loss
 
 
 def _ppo(logp, old, adv, mask, **kw):
-  return policy_loss.ppo_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), **kw)
+  return policy_loss.ppo_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
+                              jnp.asarray(mask), **kw)
 
 
 def test_ppo_hand_numbers():
   ratio = np.array([[1.5, 0.5, 5.0, 0.5, 1.1, 7.0]])
   adv = np.array([[1.0, -1.0, -1.0, 1.0, 2.0, 5.0]])
   mask = np.array([[1, 1, 1, 1, 1, 0]])
-  loss_sum, count, sums = jax.jit(policy_loss.ppo_loss)(jnp.log(ratio), jnp.zeros((1, 6)), adv, mask)
-  # Per token: max(-1.5, -1.28) = -1.28 (clipped); max(.5, .8) = .8 (clipped); max(5, 1.28) = 5 -> dual
-  # clip 3; max(-.5, -.8) = -.5; max(-2.2, -2.2) = -2.2; masked token ignored.
+  loss_sum, count, sums = jax.jit(policy_loss.ppo_loss)(jnp.log(ratio), jnp.zeros((1, 6)), adv,
+                                                        mask)
+  # Per token: max(-1.5, -1.28) = -1.28 (clipped); max(.5, .8) = .8 (clipped); max(5, 1.28) = 5 ->
+  # dual clip 3; max(-.5, -.8) = -.5; max(-2.2, -2.2) = -2.2; masked token ignored.
   np.testing.assert_allclose(loss_sum, -1.28 + 0.8 + 3.0 - 0.5 - 2.2, rtol=1e-5)
   assert count == 5
   metrics = policy_loss.finalize_metrics(sums, count)
@@ -44,9 +46,10 @@ def test_ppo_gradients_vanish_where_clipped_and_dual_clip_bounds_negative_advant
   mask = np.ones_like(logp)
 
   def per_token(lp):
-    return jnp.stack([policy_loss.ppo_loss(lp[i:i + 1, j:j + 1], old[i:i + 1, j:j + 1], adv[i:i + 1, j:j + 1],
-                                           mask[i:i + 1, j:j + 1])[0]
-                      for i in range(2) for j in range(8)])
+    cell = lambda x, i, j: x[i:i + 1, j:j + 1]
+    return jnp.stack([
+        policy_loss.ppo_loss(cell(lp, i, j), cell(old, i, j), cell(adv, i, j), cell(mask, i, j))[0]
+        for i in range(2) for j in range(8)])
 
   losses = np.asarray(per_token(jnp.asarray(logp)))
   a, ratio = adv[:2, :8].reshape(-1), np.exp(logp - old)[:2, :8].reshape(-1)
@@ -83,8 +86,8 @@ def test_ppo_accumulation_is_exact_and_padding_cannot_leak_nan():
 
 
 def test_truncated_importance_weights():
-  w = policy_loss.truncated_is_weights(jnp.log(jnp.array([[0.5, 0.9]])), jnp.log(jnp.array([[0.25, 0.9]])),
-                                       cap=1.5)
+  w = policy_loss.truncated_is_weights(jnp.log(jnp.array([[0.5, 0.9]])),
+                                       jnp.log(jnp.array([[0.25, 0.9]])), cap=1.5)
   np.testing.assert_allclose(w, [[1.5, 1.0]], rtol=1e-6)
   loss, _, _ = _ppo(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.array([[1.0, 1.0]]), jnp.ones((1, 2)),
                     is_weights_BxT=w)
@@ -100,10 +103,11 @@ def test_dis_hand_numbers_and_zero_gradient_outside_band():
   np.testing.assert_allclose(loss, -0.8 + 2.0, rtol=1e-6)
   assert count == 5
   np.testing.assert_allclose(sums['masked_frac'], 3.0)
-  grad = jax.grad(lambda lp: policy_loss.dis_loss(lp, jnp.zeros((1, 5)), adv, mask)[0])(jnp.log(ratio))
+  grad = jax.grad(
+      lambda lp: policy_loss.dis_loss(lp, jnp.zeros((1, 5)), adv, mask)[0])(jnp.log(ratio))
   np.testing.assert_allclose(grad, [[0.0, -0.8, 2.0, 0.0, 0.0]], rtol=1e-6)
-  loss_code, _, _ = policy_loss.dis_loss(jnp.log(ratio), jnp.zeros((1, 5)), adv, mask, ratio_low=0.2,
-                                         ratio_high=4.0)
+  loss_code, _, _ = policy_loss.dis_loss(jnp.log(ratio), jnp.zeros((1, 5)), adv, mask,
+                                         ratio_low=0.2, ratio_high=4.0)
   np.testing.assert_allclose(loss_code, -0.5 - 0.8 + 2.0 - 0.65, atol=1e-6)
 
 
@@ -124,11 +128,13 @@ def test_clipped_value_loss():
   values = jnp.array([[0.5, 0.9, 0.1]])
   old = jnp.array([[0.4, 0.5, 0.2]])
   returns = jnp.array([[1.0, 1.0, 0.0]])
-  loss_sum, count = jax.jit(critic_loss.clipped_value_loss)(values, old, returns, jnp.array([[1, 1, 0]]))
+  loss_sum, count = jax.jit(critic_loss.clipped_value_loss)(values, old, returns,
+                                                            jnp.array([[1, 1, 0]]))
   # Token 0: V=.5 unclipped (|.1| < .2): .25. Token 1: V=.9, clipped .7: max(.01, .09) = .09.
   np.testing.assert_allclose(loss_sum, 0.25 + 0.09, rtol=1e-5)
   assert count == 2
-  grad = jax.grad(lambda v: critic_loss.clipped_value_loss(v, old, returns, jnp.ones((1, 3)))[0])(values)
+  grad = jax.grad(
+      lambda v: critic_loss.clipped_value_loss(v, old, returns, jnp.ones((1, 3)))[0])(values)
   np.testing.assert_allclose(grad, [[2 * (0.5 - 1.0), 0.0, 2 * 0.1]], atol=1e-6)
 
 
@@ -148,7 +154,8 @@ def test_soft_bce_loss():
   loss_sum, count = jax.jit(critic_loss.soft_bce_loss)(z, y, mask)
   p = 1 / (1 + np.exp(-np.array([-2.0, 0.0, 3.0])))
   yy = np.array([0.2, 0.5, 1.0])
-  np.testing.assert_allclose(loss_sum, np.sum(-yy * np.log(p) - (1 - yy) * np.log(1 - p)), rtol=1e-5)
+  np.testing.assert_allclose(loss_sum, np.sum(-yy * np.log(p) - (1 - yy) * np.log(1 - p)),
+                             rtol=1e-5)
   assert count == 3
   grad = jax.grad(lambda zz: critic_loss.soft_bce_loss(zz, y, jnp.ones((1, 4)))[0])(z)
   np.testing.assert_allclose(grad, jax.nn.sigmoid(z) - y, atol=1e-6)   # y = 2 > 1 is allowed
@@ -161,12 +168,14 @@ def test_entropy_and_token_logprobs():
   np.testing.assert_allclose(h, [[np.log(4.0), -(p * np.log(p)).sum()]], rtol=1e-6)
   # Temperature 2 halves the logits.
   p2 = np.exp([1.0, 0.0, 0.0]) / np.exp([1.0, 0.0, 0.0]).sum()
-  np.testing.assert_allclose(entropy.entropy_from_logits(logits, 2.0)[0, 1], -(p2 * np.log(p2)).sum(), rtol=1e-6)
+  np.testing.assert_allclose(entropy.entropy_from_logits(logits, 2.0)[0, 1],
+                             -(p2 * np.log(p2)).sum(), rtol=1e-6)
   # Temperature -> 0 drives the entropy of a peaked row towards 0.
   assert entropy.entropy_from_logits(logits, 0.05)[0, 1] < 1e-6
   lp = jax.jit(entropy.token_logprobs)(logits, jnp.array([[3, 0]]), 2.0)
   np.testing.assert_allclose(lp, [[np.log(0.25), np.log(p2[0])]], rtol=1e-6)
-  np.testing.assert_allclose(entropy.masked_mean(jnp.array([[1.0, 3.0, 100.0]]), jnp.array([[1, 1, 0]])), 2.0)
+  np.testing.assert_allclose(
+      entropy.masked_mean(jnp.array([[1.0, 3.0, 100.0]]), jnp.array([[1, 1, 0]])), 2.0)
   with pytest.raises(ValueError, match='temperature'):
     entropy.entropy_from_logits(logits, 0.0)
   with pytest.raises(ValueError, match='do not match'):

@@ -1,8 +1,9 @@
 """The critic prompt at token level: the policy itself, asked for the value of a partial response.
 
-Context (AC2 paper, Appendix C): problem prompt ids + partial response ids + a closing `</think>` when the
-response has none + `<|im_end|>\\n` + a user turn with the instruction + an assistant turn prefilled with an
-empty thinking section and "Q value: ". The critic then greedily emits a grid value and `<|im_end|>`.
+Context (AC2 paper, Appendix C): problem prompt ids + partial response ids + a closing `</think>`
+when the response has none + `<|im_end|>\\n` + a user turn with the instruction + an assistant turn
+prefilled with an empty thinking section and "Q value: ". The critic then greedily emits a grid
+value and `<|im_end|>`.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from ac2_jax.critic import values
 REFERENCE_SLOT = '{reference}'
 ANSWER_STEM = 'Q value: '
 
-_ASK = ('Pause here and estimate how much rubric credit this attempt will earn if you continue it to '
-        'completion within its remaining token budget: 0 means no credit, 1 means full credit for a complete '
-        'and correct proof, and values in between mean partial credit.')
+_ASK = ('Pause here and estimate how much rubric credit this attempt will earn if you continue it '
+        'to completion within its remaining token budget: 0 means no credit, 1 means full credit '
+        'for a complete and correct proof, and values in between mean partial credit.')
 _ANSWER_FORMAT = ("Don't think; answer immediately with a single line and nothing else:\n"
                   'Q value: z\n'
                   'where z is one of 0, 0.1, ..., 1. The first characters of your response must be '
                   '`Q value:`.')
 
-# The proof task's instructions: the AC2 paper's words (Appendix C, "Critic prompt"); the line breaks are ours,
-# since the paper's layout does not survive in its text.
+# The proof task's instructions: the AC2 paper's words (Appendix C, "Critic prompt"); the line
+# breaks are ours, since the paper's layout does not survive in its text.
 PROOF_INSTRUCTION = _ASK + '\n\n' + _ANSWER_FORMAT
 PROOF_INSTRUCTION_WITH_REFERENCE = (
-    _ASK + '\n\nYou should refer to a reference correct proof here:\n' + REFERENCE_SLOT + '\n\n'
-    + _ANSWER_FORMAT)
+    _ASK + '\n\nYou should refer to a reference correct proof here:\n' + REFERENCE_SLOT + '\n\n' +
+    _ANSWER_FORMAT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,8 @@ class CriticInstructions:
 
   def __post_init__(self):
     if self.with_reference.count(REFERENCE_SLOT) != 1:
-      raise ValueError(f'CriticInstructions.with_reference must contain {REFERENCE_SLOT!r} exactly once')
+      raise ValueError(
+          f'CriticInstructions.with_reference must contain {REFERENCE_SLOT!r} exactly once')
     if REFERENCE_SLOT in self.plain:
       raise ValueError(f'CriticInstructions.plain must not contain {REFERENCE_SLOT!r}')
 
@@ -58,23 +60,30 @@ PROOF_INSTRUCTIONS = CriticInstructions()
 
 def critic_context_ids(tok: tokenization.Tokenizer, prompt_ids: Sequence[int],
                        response_ids: Sequence[int], *, reference: str | None = None,
-                       instructions: CriticInstructions = PROOF_INSTRUCTIONS) -> list[int]:
+                       instructions: CriticInstructions = PROOF_INSTRUCTIONS,
+                       instruction_text: str | None = None) -> list[int]:
   """Token ids the critic reads to value the state `prompt_ids + response_ids`.
 
   `prompt_ids` is the rendered problem (ending in the assistant header, usually `<think>\\n`) and
-  `response_ids` the partial response, possibly empty. With `reference`, the instruction quotes it.
+  `response_ids` the partial response, possibly empty. The user turn is
+  `instructions.render(reference)`, or `instruction_text` as given (e.g. a task's
+  `critic_instruction(reference)`; then no `reference`).
   """
+  if instruction_text is not None and reference is not None:
+    raise ValueError('critic_context_ids: pass either instruction_text or reference, not both')
+  user_text = instructions.render(reference) if instruction_text is None else instruction_text
   think_close = tok.token_id(tokenization.THINK_CLOSE)
   response_ids = [int(i) for i in response_ids]
   if response_ids and response_ids[-1] == tok.eos_id:
-    # A finished response (diagnostics only; training scores those with the judge) is closed once, not twice.
+    # A finished response (diagnostics only; training scores those with the judge) is closed once,
+    # not twice.
     response_ids = response_ids[:-1]
   ids = [int(i) for i in prompt_ids] + response_ids
   if think_close not in response_ids:
     ids.append(think_close)
   ids += [tok.eos_id] + tok.encode('\n')
-  ids += tokenization.render_chat(
-      tok, [tokenization.Turn('user', instructions.render(reference))], generation_prompt=False)
+  ids += tokenization.render_chat(tok, [tokenization.Turn('user', user_text)],
+                                  generation_prompt=False)
   ids += tokenization.render_assistant_prefill(tok, ANSWER_STEM)
   return ids
 
@@ -87,8 +96,8 @@ def value_target_ids(tok: tokenization.Tokenizer, value: float) -> list[int]:
 def prompt_variants(reference: str | None) -> list[tuple[str | None, float]]:
   """(reference or None, record weight w) for each prompt a prefix-target pair is trained under.
 
-  With a reference the pair is trained under both prompts at w = 1/2 each, without one under the plain
-  prompt at w = 1 (AC2 step 9).
+  With a reference the pair is trained under both prompts at w = 1/2 each, without one under the
+  plain prompt at w = 1 (AC2 step 9).
   """
   if reference is None:
     return [(None, 1.0)]

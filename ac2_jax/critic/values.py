@@ -1,7 +1,8 @@
-"""The critic's value grid: rounding targets onto it, parsing the critic's reply, formatting targets.
+"""The critic's value grid: rounding targets onto it, parsing the critic's reply, formatting.
 
-The critic answers with one of {0, 0.1, ..., 1}. Targets (group means) are rounded to the nearest grid value
-with ties rounded down; a reply is parsed by its leading number and is invalid when that number is off the grid.
+The critic answers with one of {0, 0.1, ..., 1}. Targets (group means) are rounded to the nearest
+grid value with ties rounded down; a reply is parsed by its leading number and is invalid when that
+number is off the grid.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ GRID = tuple(i / GRID_STEPS for i in range(GRID_STEPS + 1))
 # The leading number of a reply (ALGORITHMS.md, AC2 step 8). Anything after it is ignored.
 VALUE_PATTERN = re.compile(r'^\s*(1(?:\.0+)?|0(?:\.\d+)?|\.\d+)')
 
-# Group means of g values on a 1/10 or 1/7 lattice sit at least 1/(7 g) grid steps from a tie unless they
-# are exactly on it, so this tolerance only absorbs floating-point error (0.15000000000000002 is a tie).
+# Group means of g values on a 1/10 or 1/7 lattice sit at least 1/(7 g) grid steps from a tie unless
+# they are exactly on it, so this tolerance only absorbs floating-point error (0.15000000000000002
+# is a tie).
 _TIE_TOLERANCE = 1e-5
 
 

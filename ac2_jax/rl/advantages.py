@@ -1,8 +1,8 @@
 """Sequence-level advantage estimators over groups: GRPO, RLOO, AC2 chunks, AC2 with group size 1.
 
-Groups are laid out as [N, G] (N prefixes or problems, G continuations each); `mask_NxG` marks the rows
-that exist (ragged groups are padded). Every function is pure jnp and jits; results are 0 on absent rows.
-`to_tokens` spreads a per-row advantage over that row's loss tokens.
+Groups are laid out as [N, G] (N prefixes or problems, G continuations each); `mask_NxG` marks the
+rows that exist (ragged groups are padded). Every function is pure jnp and jits; results are 0 on
+absent rows. `to_tokens` spreads a per-row advantage over that row's loss tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ def _mask(x_NxG, mask_NxG):
   if mask_NxG is None:
     return jnp.ones(jnp.shape(x_NxG), jnp.float32)
   if jnp.shape(mask_NxG) != jnp.shape(x_NxG):
-    raise ValueError(f'mask shape {jnp.shape(mask_NxG)} differs from values shape {jnp.shape(x_NxG)}')
+    raise ValueError(
+        f'mask shape {jnp.shape(mask_NxG)} differs from values shape {jnp.shape(x_NxG)}')
   return jnp.asarray(mask_NxG, jnp.float32)
 
 
@@ -43,7 +44,7 @@ def group_std(x_NxG, mask_NxG=None, *, ddof: int = 0):
 
 def grpo_advantages(rewards_NxG, mask_NxG=None, *, normalize_std: bool = False, eps: float = 1e-6,
                     std_ddof: int = 0):
-  """A_i = R_i - mean_j R_j, optionally / (std_j + eps) (std over the group with denominator n - ddof)."""
+  """A_i = R_i - mean_j R_j, optionally / (std_j + eps), std with denominator n - ddof."""
   _check_groups(rewards_NxG, 'rewards_NxG')
   m = _mask(rewards_NxG, mask_NxG)
   adv_NxG = jnp.asarray(rewards_NxG, jnp.float32) - group_mean(rewards_NxG, m)[:, None]
@@ -68,9 +69,9 @@ def ac2_chunk_advantages(values_NxG, valid_NxG, mask_NxG=None):
   """AC2 advantages A_i = v_i - mean_j v_j with the invalid-value rules (ALGORITHMS.md, AC2 step 4).
 
   `values_NxG` holds endpoint values (critic reads or judge rewards; a judge failure is a valid 0);
-  `valid_NxG` is False only where the critic's value was unparseable. An invalid v_i is replaced by the mean
-  of the group's valid values (0 if none) before the group mean is taken, and its row gets loss weight 0
-  (multiply the row's loss mask by it, so it leaves the token count too).
+  `valid_NxG` is False only where the critic's value was unparseable. An invalid v_i is replaced by
+  the mean of the group's valid values (0 if none) before the group mean is taken, and its row gets
+  loss weight 0 (multiply the row's loss mask by it, so it leaves the token count too).
 
   Returns (advantages_NxG, loss_weights_NxG, filled_values_NxG).
   """
@@ -88,9 +89,9 @@ def ac2_chunk_advantages(values_NxG, valid_NxG, mask_NxG=None):
 def ac2_critic_targets(values_NxG, target_valid_NxG, *, min_valid: int = 8):
   """Critic target per prefix: the mean of the valid values, rounded to the grid (ties down).
 
-  `target_valid_NxG` excludes invalid critic reads AND judge failures (a judge failure still enters the actor
-  loss with reward 0 but never a critic target). Returns (targets_N, has_target_N); a prefix has a target only
-  with at least `min_valid` valid values (and at least one).
+  `target_valid_NxG` excludes invalid critic reads AND judge failures (a judge failure still enters
+  the actor loss with reward 0 but never a critic target). Returns (targets_N, has_target_N); a
+  prefix has a target only with at least `min_valid` valid values (and at least one).
   """
   _check_groups(values_NxG, 'values_NxG')
   valid = jnp.asarray(target_valid_NxG, jnp.float32)
@@ -104,8 +105,9 @@ def ac2_critic_targets(values_NxG, target_valid_NxG, *, min_valid: int = 8):
 def ac2_single_advantages(values_N, valid_N, baselines_N, baseline_valid_N):
   """AC2 with group size 1: A = v - V(s) for one continuation of prefix s (ALGORITHMS.md, variants).
 
-  A row whose endpoint value v or baseline V(s) is invalid is dropped from the actor loss and from the
-  critic targets. Returns (advantages_N, loss_weights_N, targets_N, has_target_N) with target = grid(v).
+  A row whose endpoint value v or baseline V(s) is invalid is dropped from the actor loss and from
+  the critic targets. Returns (advantages_N, loss_weights_N, targets_N, has_target_N) with target =
+  grid(v).
   """
   keep_N = jnp.asarray(valid_N, bool) & jnp.asarray(baseline_valid_N, bool)
   v_N = jnp.asarray(values_N, jnp.float32)
@@ -117,5 +119,6 @@ def ac2_single_advantages(values_N, valid_N, baselines_N, baseline_valid_N):
 def to_tokens(advantages_B, mask_BxT):
   """The same advantage on every loss token of a row: [B] x [B, T] -> [B, T]."""
   if jnp.ndim(advantages_B) != 1 or jnp.shape(advantages_B)[0] != jnp.shape(mask_BxT)[0]:
-    raise ValueError(f'advantages_B {jnp.shape(advantages_B)} does not match mask_BxT {jnp.shape(mask_BxT)}')
+    raise ValueError(
+        f'advantages_B {jnp.shape(advantages_B)} does not match mask_BxT {jnp.shape(mask_BxT)}')
   return jnp.asarray(advantages_B, jnp.float32)[:, None] * jnp.asarray(mask_BxT, jnp.float32)

@@ -1,7 +1,7 @@
-"""Critic losses: AC2's value-token NLL, PPO's clipped value MSE, Li2SAO's ranking hinge, PACT's soft BCE.
+"""Critic losses: AC2's value-token NLL, clipped value MSE, Li2SAO's ranking hinge, PACT's soft BCE.
 
-Like the policy losses, each returns (loss_sum, count) so accumulation over micro-batches is exact and the
-caller divides once: loss = total loss_sum / total count.
+Like the policy losses, each returns (loss_sum, count) so accumulation over micro-batches is exact
+and the caller divides once: loss = total loss_sum / total count.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# AC2 divides the value-token NLL by the most tokens a critic reply may have (a value and <|im_end|>).
+# AC2 divides the value-token NLL by the most tokens a critic reply may have (a value and
+# <|im_end|>).
 MAX_VALUE_TOKENS = 4
 
 
@@ -17,17 +18,19 @@ def _f32(x):
   return jnp.asarray(x, jnp.float32)
 
 
-def value_nll_loss(target_logprobs_BxT, target_mask_BxT, weights_B, *, max_tokens: int = MAX_VALUE_TOKENS):
-  """AC2's critic loss: per record, w * NLL(value tokens + <|im_end|>) / 4; count = number of records.
+def value_nll_loss(target_logprobs_BxT, target_mask_BxT, weights_B, *,
+                   max_tokens: int = MAX_VALUE_TOKENS):
+  """AC2's critic loss: per record w * NLL(value tokens + <|im_end|>) / 4; count = records.
 
   A record is one (prefix, prompt) row: a pair with a reference is two records at w = 1/2 (with and
-  without the reference), a pair without one is one record at w = 1. `target_logprobs_BxT` are the model's
-  log-probs of the target tokens at the positions that predict them; `target_mask_BxT` marks those tokens.
-  Rows with no target token (padding) are not records.
+  without the reference), a pair without one is one record at w = 1. `target_logprobs_BxT` are the
+  model's log-probs of the target tokens at the positions that predict them; `target_mask_BxT` marks
+  those tokens. Rows with no target token (padding) are not records.
   """
   logp, m, w = _f32(target_logprobs_BxT), _f32(target_mask_BxT), _f32(weights_B)
   if logp.shape != m.shape or logp.ndim != 2 or w.shape != logp.shape[:1]:
-    raise ValueError(f'value_nll_loss: shapes {logp.shape}, {m.shape}, {w.shape} are not [B, T], [B, T], [B]')
+    raise ValueError(f'value_nll_loss: shapes {logp.shape}, {m.shape}, {w.shape} are not '
+                     '[B, T], [B, T], [B]')
   nll_B = -jnp.where(m > 0, logp, 0.0).sum(-1)
   is_record_B = m.sum(-1) > 0
   loss_sum = jnp.where(is_record_B, w * nll_B / max_tokens, 0.0).sum()
@@ -35,10 +38,10 @@ def value_nll_loss(target_logprobs_BxT, target_mask_BxT, weights_B, *, max_token
 
 
 def clipped_value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, clip: float = 0.2):
-  """max((V - G)^2, (V_clipped - G)^2), V_clipped = V_old + clip(V - V_old, -clip, clip), over masked tokens.
+  """max((V - G)^2, (V_clipped - G)^2) on masked tokens; V_clipped = V_old + clip(V - V_old, +-c).
 
-  Also Li2SAO's residual loss when `returns_BxT` are the group-residual targets and `mask_BxT` the divergence
-  mask. Returns (loss_sum, token_count).
+  Also Li2SAO's residual loss when `returns_BxT` are the group-residual targets and `mask_BxT` the
+  divergence mask. Returns (loss_sum, token_count).
   """
   v, v_old, g, m = _f32(values_BxT), _f32(old_values_BxT), _f32(returns_BxT), _f32(mask_BxT)
   v_old = jax.lax.stop_gradient(v_old)
@@ -50,8 +53,9 @@ def clipped_value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, cli
 def ranking_hinge_loss(terminal_values_NxG, pairs_NxGxG, *, margin: float = 0.1):
   """Li2SAO's terminal ranking loss: sum over pairs (i+, i-) of [margin - V(i+) + V(i-)]_+.
 
-  `pairs_NxGxG[n, i, j]` is True when response i outranks response j in group n (see li2sao.ranking_pairs);
-  values are read at each response's last action token. Returns (loss_sum, pair_count).
+  `pairs_NxGxG[n, i, j]` is True when response i outranks response j in group n (see
+  li2sao.ranking_pairs); values are read at each response's last action token. Returns (loss_sum,
+  pair_count).
   """
   v = _f32(terminal_values_NxG)
   pairs = _f32(pairs_NxGxG)

@@ -1,7 +1,7 @@
 """Token log-probabilities and entropy of the sampling distribution softmax(logits / temperature).
 
-Both are what the sampler actually draws from: the adaptive entropy control measures H at the sampling
-temperature, and the PPO ratio uses log-probs at the same temperature. Computed in float32.
+Both are what the sampler actually draws from: the adaptive entropy control measures H at the
+sampling temperature, and the PPO ratio uses log-probs at the same temperature. Computed in float32.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ def entropy_from_logits(logits_BxTxV, temperature=1.0):
 def token_logprobs(logits_BxTxV, tokens_BxT, temperature=1.0):
   """log softmax(logits / temperature)[token] per position: [B, T, V], [B, T] -> [B, T]."""
   if jnp.shape(logits_BxTxV)[:-1] != jnp.shape(tokens_BxT):
-    raise ValueError(f'logits {jnp.shape(logits_BxTxV)} and tokens {jnp.shape(tokens_BxT)} do not match')
+    raise ValueError(
+        f'logits {jnp.shape(logits_BxTxV)} and tokens {jnp.shape(tokens_BxT)} do not match')
   z = _scaled(logits_BxTxV, temperature)
   picked = jnp.take_along_axis(z, jnp.asarray(tokens_BxT)[..., None], axis=-1)[..., 0]
   return picked - jax.nn.logsumexp(z, axis=-1)
 
 
 def masked_mean(x_BxT, mask_BxT):
-  """Mean of x over masked positions (0 if none), e.g. the token-mean entropy of generated tokens."""
+  """Mean of x over masked positions (0 if none), e.g. the mean entropy of generated tokens."""
   m = jnp.asarray(mask_BxT, jnp.float32)
   return jnp.where(m > 0, x_BxT, 0.0).sum() / jnp.maximum(m.sum(), 1.0)

@@ -1,18 +1,18 @@
 """Decoding FLOPs: the compute axis every comparison is plotted against (AC2 paper, Appendix B).
 
-One generation request has p prompt + replayed-prefix tokens and g new tokens. Its first new token comes
-out of the prefill, so it costs m = max(g - 1, 0) decoding forwards, and
+One generation request has p prompt + replayed-prefix tokens and g new tokens. Its first new token
+comes out of the prefill, so it costs m = max(g - 1, 0) decoding forwards, and
 
   F(p, g) = A m + B (m p + m (m + 1) / 2).
 
-Derivation of A and B from a Qwen3 config (E hidden, F feed-forward, L layers, H query heads, K key/value
-heads, D head dim, V vocabulary), counting a multiply-add as 2 FLOPs and only matmuls:
+Derivation of A and B from a Qwen3 config (E hidden, F feed-forward, L layers, H query heads, K
+key/value heads, D head dim, V vocabulary), counting a multiply-add as 2 FLOPs and only matmuls:
 
   A = 2 L (E*H*D  [q_proj] + 2*E*K*D  [k_proj, v_proj] + H*D*E  [o_proj] + 3*E*F  [gate, up, down])
       + 2 E V  [logits; counted whether or not the embedding is tied],
-  B = 2 * 2 * H * D * L: at each of the n context positions a decoding forward does q.k (H*D multiply-adds
-      per layer) and p.v (H*D per layer); the forward at decode index j (1-based) sees p + j positions, so
-      summing over j = 1..m gives B (m p + m (m + 1) / 2).
+  B = 2 * 2 * H * D * L: per context position a decoding forward does q.k (H*D multiply-adds per
+      layer) and p.v (H*D per layer); the forward at decode index j (1-based) sees p + j positions,
+      so summing over j = 1..m gives B (m p + m (m + 1) / 2).
 
 Qwen3-4B (E 2560, F 9728, L 36, H 32, K 8, D 128, V 151936) gives A = 8,044,544,000 and B = 589,824,
 the paper's numbers (Eq. 6).
@@ -27,7 +27,7 @@ from ac2_jax.models.config import ModelConfig
 
 
 def coefficients(config: ModelConfig) -> tuple[int, int]:
-  """(A, B): decoding FLOPs per forward, and per forward per context position (see module docstring)."""
+  """(A, B): decoding FLOPs per forward, and per forward per context position (module docstring)."""
   e, f, l = config.hidden_size, config.intermediate_size, config.num_layers
   h, k, d, v = config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size
   per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f
@@ -42,10 +42,11 @@ def _check_nonnegative(name, x):
 
 
 def decoding_flops(config: ModelConfig, prompt_len, new_tokens):
-  """Exact F(p, g) per request. Python ints in -> Python int out; numpy arrays in -> float64 array out.
+  """Exact F(p, g) per request: Python ints in, Python int out; numpy arrays in, float64 out.
 
-  Arrays come back as float64 because sums over a run (~1e20) overflow int64; each request's value is
-  computed in int64 first, so it is exact up to 2**53 (~9e15 FLOPs, far above any single request).
+  Arrays come back as float64 because sums over a run (~1e20) overflow int64; each request's value
+  is computed in int64 first, so it is exact up to 2**53 (~9e15 FLOPs, far above any single
+  request).
   """
   _check_nonnegative('prompt_len', prompt_len)
   _check_nonnegative('new_tokens', new_tokens)
@@ -73,8 +74,8 @@ def mean_based_decoding_flops(config: ModelConfig, num_requests: int, mean_promp
 
     F^ = N (A m̄ + B (m̄ p̄ + (m̄^2 + m̄) / 2)),  with m̄ = max(ḡ - 1, 0).
 
-  m̄ = ḡ - 1 assumes every request generated at least one token. With moments over the N requests,
-  sum F - F^ = N B (Cov(m, p) + Var(m) / 2), which can have either sign.
+  m̄ = ḡ - 1 assumes every request generated at least one token. With moments over the N
+  requests, sum F - F^ = N B (Cov(m, p) + Var(m) / 2), which can have either sign.
   """
   if num_requests < 0 or mean_prompt_len < 0 or mean_new_tokens < 0:
     raise ValueError(f'mean_based_decoding_flops: arguments must be >= 0, got N={num_requests}, '

@@ -4,12 +4,13 @@ Convention: `values_BxT[b, t]` = V(s_t), the value of the state BEFORE token t (
 `rewards_BxT[b, t]` is the reward for emitting token t (usually only the terminal reward, see
 `terminal_rewards`). The value after the last step of a row is 0 (episodes end).
 
-  delta_t = r_t + gamma V(s_next) - V(s_t),   A_t = delta_t + gamma lambda A_next,   G_t = A_t + V(s_t).
+  delta_t = r_t + gamma V(s_next) - V(s_t);  A_t = delta_t + gamma lambda A_next;  G_t = A_t + V_t.
 
-`gae` steps through every masked position, with "next" = t + 1 inside the mask (a masked-out position ends the
-bootstrap chain: padding, or the end of a single-turn response). `skip_observation_gae` (SAO) links each model
-token to the NEXT model token however many observation tokens lie between (multi-turn tool use). On a single
-contiguous run of masked tokens the two coincide.
+`gae` steps through every masked position, with "next" = t + 1 inside the mask (a masked-out
+position ends the bootstrap chain: padding, or the end of a single-turn response).
+`skip_observation_gae` (SAO) links each model token to the NEXT model token however many observation
+tokens lie between (multi-turn tool use). On a single contiguous run of masked tokens the two
+coincide.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def _scan(values_BxT, rewards_BxT, mask_BxT, gamma, lam, skip):
 def gae(values_BxT, rewards_BxT, mask_BxT, *, gamma=1.0, lam=1.0):
   """GAE(lambda, gamma) over masked tokens. `gamma`/`lam` are scalars or per-row [B] arrays.
 
-  Returns (advantages_BxT, returns_BxT), both 0 outside the mask. lam = 1 gives sum of discounted rewards
-  minus V(s_t); lam = 0 the one-step residual r_t + gamma V(s_{t+1}) - V(s_t).
+  Returns (advantages_BxT, returns_BxT), both 0 outside the mask. lam = 1 gives sum of discounted
+  rewards minus V(s_t); lam = 0 the one-step residual r_t + gamma V(s_{t+1}) - V(s_t).
   """
   _check(values_BxT, rewards_BxT, mask_BxT)
   return _scan(values_BxT, rewards_BxT, mask_BxT, gamma, lam, skip=False)
@@ -72,15 +73,16 @@ def gae(values_BxT, rewards_BxT, mask_BxT, *, gamma=1.0, lam=1.0):
 def skip_observation_gae(values_BxT, rewards_BxT, mask_BxT, *, gamma=1.0, lam=1.0):
   """SAO's skip-observation GAE: the recursion runs over the positions with mask 1 only.
 
-  For model positions u_1 < ... < u_M: delta_{u_j} = r_{u_j} + gamma V(s_{u_{j+1}}) - V(s_{u_j}), with zero
-  bootstrap after u_M. Observation positions (mask 0) get 0. Returns (advantages_BxT, returns_BxT).
+  For model positions u_1 < ... < u_M: delta_{u_j} = r_{u_j} + gamma V(s_{u_{j+1}}) - V(s_{u_j}),
+  with zero bootstrap after u_M. Observation positions (mask 0) get 0. Returns (advantages_BxT,
+  returns_BxT).
   """
   _check(values_BxT, rewards_BxT, mask_BxT)
   return _scan(values_BxT, rewards_BxT, mask_BxT, gamma, lam, skip=True)
 
 
 def terminal_rewards(rewards_B, mask_BxT):
-  """[B, T] rewards with R_b on row b's last masked token and 0 elsewhere (rows without tokens: all 0)."""
+  """[B, T] rewards: R_b on row b's last masked token, 0 elsewhere (rows without tokens: all 0)."""
   m = jnp.asarray(mask_BxT, jnp.float32)
   t = jnp.shape(m)[1]
   last_B = t - 1 - jnp.argmax(m[:, ::-1] > 0, axis=1)
@@ -89,7 +91,7 @@ def terminal_rewards(rewards_B, mask_BxT):
 
 
 def adaptive_lambda(num_model_tokens_B, *, alpha: float = 1.5):
-  """Length-adaptive lambda = clamp(1 - 1 / (alpha L), 0, 1) per trajectory (L = model tokens; L = 0 -> 0)."""
+  """Length-adaptive lambda = clamp(1 - 1 / (alpha L), 0, 1) per row (L = model tokens; 0 -> 0)."""
   length_B = jnp.asarray(num_model_tokens_B, jnp.float32)
   lam = 1.0 - 1.0 / jnp.maximum(alpha * length_B, 1e-6)
   return jnp.clip(lam, 0.0, 1.0)

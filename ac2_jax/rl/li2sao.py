@@ -1,12 +1,16 @@
-"""Li2SAO's bootstrap phase: group-relative actor advantages and the critic's group-residual targets.
+"""Li2SAO's bootstrap phase: group-relative actor advantages, the critic's group-residual targets.
 
-Groups are [N, G] (N prompts, G = n_b responses); token arrays are [N, G, T] over response positions.
-- actor: A_i = (R_i - mu_g) / (sigma_g + eps), sigma_g with the (n_b - 1) denominator, on every model token;
-- critic target: G~_{i,t} = R_i - mu_g (lambda = gamma = 1); groups with identical rewards are dropped;
+Groups are [N, G] (N prompts, G = n_b responses); token arrays are [N, G, T] over response
+positions.
+- actor: A_i = (R_i - mu_g) / (sigma_g + eps), sigma_g with the (n_b - 1) denominator, on every
+  model token;
+- critic target: G~_{i,t} = R_i - mu_g (lambda = gamma = 1); groups with identical rewards are
+  dropped;
 - divergence mask: d(i, j) = first response position where i and j differ, d_i = max over j with
-  R_j != R_i; the critic trains on model tokens t >= d_i (no opposite outcome: last model token only);
+  R_j != R_i; the critic trains on model tokens t >= d_i (no opposite outcome: last model token);
 - ranking pairs (i+, i-) with R_i+ > R_i-, for the hinge at the last action token (critic_loss);
-- readiness statistics on mixed groups: residual explained variance e_k and pair-ordering accuracy a_k.
+- readiness statistics on mixed groups: residual explained variance e_k and pair-ordering accuracy
+  a_k.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ def actor_advantages(rewards_NxG, mask_NxG=None, *, eps: float = 1e-6):
 
 
 def mixed_groups(rewards_NxG, mask_NxG=None):
-  """True for groups whose present rewards are not all identical (the only groups the critic trains on)."""
+  """True for groups whose present rewards are not all identical (the critic trains on these)."""
   present = _present(rewards_NxG, mask_NxG)
   r = jnp.asarray(rewards_NxG, jnp.float32)
   high = jnp.where(present, r, -jnp.inf).max(-1)
@@ -37,7 +41,7 @@ def mixed_groups(rewards_NxG, mask_NxG=None):
 
 
 def residual_targets(rewards_NxG, mask_NxG=None):
-  """Centred outcomes Z_i = R_i - mu_g and the mask of rows the critic trains on (mixed groups only)."""
+  """Centred outcomes Z_i = R_i - mu_g, and the rows the critic trains on (mixed groups only)."""
   present = _present(rewards_NxG, mask_NxG)
   z_NxG = advantages.grpo_advantages(rewards_NxG, present)
   keep_NxG = present & mixed_groups(rewards_NxG, present)[:, None]
@@ -48,8 +52,8 @@ def divergence_mask(tokens_NxGxT, lengths_NxG, model_mask_NxGxT, rewards_NxG, ma
   """Li2SAO's critic mask c_{i,t}: model tokens at or after d_i = max_{j: R_j != R_i} d(i, j).
 
   d(i, j) is the first position where the responses differ; a response that is a prefix of the other
-  differs at its end. A response with no opposite-outcome partner keeps only its last model token, and so
-  does one whose d_i falls past its last model token (identical text, different outcome).
+  differs at its end. A response with no opposite-outcome partner keeps only its last model token,
+  and so does one whose d_i falls past its last model token (identical text, different outcome).
   `lengths_NxG` are response lengths (positions >= length are padding).
   """
   tokens = jnp.asarray(tokens_NxGxT)

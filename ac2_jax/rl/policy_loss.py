@@ -1,8 +1,9 @@
 """Policy losses over tokens: PPO's clipped surrogate (asymmetric clip, dual clip) and SAO's DIS.
 
-Losses come back as (loss_sum, token_count, metric_sums): sums over the masked tokens of a minibatch, so
-gradient accumulation over micro-batches and token-mean aggregation are exact:
-`loss = total loss_sum / total token_count`. `metric_sums` are token sums too; `finalize_metrics` divides.
+Losses come back as (loss_sum, token_count, metric_sums): sums over the masked tokens of a
+minibatch, so gradient accumulation over micro-batches and token-mean aggregation are exact:
+`loss = total loss_sum / total token_count`. `metric_sums` are token sums too; `finalize_metrics`
+divides.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def _as_f32(*xs):
 
 
 def _masked_inputs(mask_BxT, *xs):
-  # Padding may hold garbage log-probs; zeroing them first keeps inf/NaN out of values AND gradients.
+  # Padding may hold garbage log-probs; zeroing them first keeps inf/NaN out of values AND
+  # gradients.
   (mask,) = _as_f32(mask_BxT)
   xs = _as_f32(mask, *xs)[1:]
   return (mask,) + tuple(jnp.where(mask > 0, x, 0.0) for x in xs)
@@ -28,25 +30,26 @@ def _masked_inputs(mask_BxT, *xs):
 def truncated_is_weights(old_logprobs_BxT, rollout_logprobs_BxT, *, cap: float = 2.0):
   """Truncated importance weights min(pi_old / pi_rollout, cap), constants for the gradient.
 
-  Corrects for the sampler's log-probs differing from the trainer's pi_old (precision, kernels, stale
-  weights); multiply into the per-token loss via `is_weights_BxT`.
+  Corrects for the sampler's log-probs differing from the trainer's pi_old (precision, kernels,
+  stale weights); multiply into the per-token loss via `is_weights_BxT`.
   """
   old, rollout = _as_f32(old_logprobs_BxT, rollout_logprobs_BxT)
   return jax.lax.stop_gradient(jnp.minimum(jnp.exp(old - rollout), cap))
 
 
-def ppo_loss(logprobs_BxT, old_logprobs_BxT, advantages_BxT, mask_BxT, *, eps_low=0.2, eps_high=0.28,
-             dual_clip=3.0, is_weights_BxT=None):
+def ppo_loss(logprobs_BxT, old_logprobs_BxT, advantages_BxT, mask_BxT, *, eps_low=0.2,
+             eps_high=0.28, dual_clip=3.0, is_weights_BxT=None):
   """PPO clipped surrogate with asymmetric clip and dual clip, summed over masked tokens.
 
-  rho = exp(logp - logp_old); loss_t = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)); where A < 0,
-  loss_t = min(loss_t, -dual_clip A) (dual_clip None disables it). `eps_high` may be a traced scalar (the
-  adaptive entropy control changes it every step without recompiling).
+  rho = exp(logp - logp_old); loss_t = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high));
+  where A < 0, loss_t = min(loss_t, -dual_clip A) (dual_clip None disables it). `eps_high` may be
+  a traced scalar (the adaptive entropy control changes it every step without recompiling).
 
-  Returns (loss_sum, token_count, metric_sums) with metric sums 'clip_frac', 'dual_clip_frac', 'ratio',
-  'approx_kl' (k3 estimator of KL(pi_old || pi)) and 'advantage'.
+  Returns (loss_sum, token_count, metric_sums) with metric sums 'clip_frac', 'dual_clip_frac',
+  'ratio', 'approx_kl' (k3 estimator of KL(pi_old || pi)) and 'advantage'.
   """
-  mask, logp, old_logp, adv = _masked_inputs(mask_BxT, logprobs_BxT, old_logprobs_BxT, advantages_BxT)
+  mask, logp, old_logp, adv = _masked_inputs(mask_BxT, logprobs_BxT, old_logprobs_BxT,
+                                             advantages_BxT)
   log_ratio = logp - old_logp
   ratio = jnp.exp(log_ratio)
   clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -81,11 +84,12 @@ def ppo_loss(logprobs_BxT, old_logprobs_BxT, advantages_BxT, mask_BxT, *, eps_lo
 
 def dis_loss(logprobs_BxT, rollout_logprobs_BxT, advantages_BxT, mask_BxT, *, ratio_low=0.7,
              ratio_high=6.0):
-  """SAO's direct double-sided importance sampling: loss_t = -f(rho_t) A_t, f(x) = x on (low, high), else 0.
+  """SAO's direct double-sided IS: loss_t = -f(rho_t) A_t, f(x) = x on (low, high), else 0.
 
-  rho = pi_theta / pi_rollout with the log-prob stored when the token was sampled. Inside the open band the
-  gradient is that of rho A; outside, the token contributes nothing (no gradient at all). Defaults are the
-  math setting (0.7, 6.0). Returns (loss_sum, token_count, metric_sums) with 'masked_frac' and 'ratio'.
+  rho = pi_theta / pi_rollout with the log-prob stored when the token was sampled. Inside the open
+  band the gradient is that of rho A; outside, the token contributes nothing (no gradient at all).
+  Defaults are the math setting (0.7, 6.0). Returns (loss_sum, token_count, metric_sums) with
+  'masked_frac' and 'ratio'.
   """
   mask, logp, rollout_logp, adv = _masked_inputs(mask_BxT, logprobs_BxT, rollout_logprobs_BxT,
                                                  advantages_BxT)
