@@ -154,7 +154,8 @@ def test_task_protocol_reference_and_critic(record):
   assert task.name == 'builtin_chain'
   assert task.reference_from_response(RIGHT + '<|im_end|>') == record.reference_solution
   assert task.reference_from_response(RIGHT[:30]) is None
-  plain, with_ref = task.critic_instruction(None), task.critic_instruction(record.reference_solution)
+  plain = task.critic_instruction(None)
+  with_ref = task.critic_instruction(record.reference_solution)
   assert 'Q value: z' in plain and 'Q value: z' in with_ref
   assert record.reference_solution in with_ref and record.reference_solution not in plain
   # The critic module substitutes its own '{reference}' slot into the text.

@@ -4,3 +4,6 @@ from ac2_jax.tasks.base import ProblemRecord, SPLITS, Task, answer_block, render
 from ac2_jax.tasks.builtin import BuiltinTask, ChainSettings
 from ac2_jax.tasks.builtin_sft import sft_examples
 from ac2_jax.tasks.builtin_tfds import build_builtin
+
+__all__ = ['ProblemRecord', 'SPLITS', 'Task', 'answer_block', 'render_prompt', 'BuiltinTask',
+           'ChainSettings', 'sft_examples', 'build_builtin']
