@@ -1,4 +1,4 @@
-"""Device mesh (data, fsdp, tensor), partition rules for every parameter, batch sharding, multi-host start.
+"""Device mesh (data, fsdp, tensor), partition rules for every parameter, batches, multi-host.
 
 Axes:
   data    pure data parallelism: parameters replicated, batch split.

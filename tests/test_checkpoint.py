@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint import/export: parity with transformers, round trips, sharded files, errors.
+"""HF checkpoint import/export: parity with transformers, round trips, sharded files, errors.
 
 The fixture (tests/fixtures/qwen3_tiny, made by scripts/make_hf_fixture.py with transformers) holds
 random Qwen3 checkpoints and the logits transformers computed; nothing here imports torch.
@@ -104,7 +104,7 @@ def test_bfloat16_load_and_save(tmp_path):
   np.testing.assert_allclose(out_BxTxV, ref['logits_BxTxV'][:1, :9], atol=0.1)
 
 
-def test_load_onto_mesh_places_each_array_with_its_sharding():
+def test_load_onto_mesh_places_each_array_with_its_sharding(tmp_path):
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
   config, sharded = load_hf_checkpoint(FIXTURE, mesh=mesh)
   _, plain = load_hf_checkpoint(FIXTURE)
@@ -117,6 +117,11 @@ def test_load_onto_mesh_places_each_array_with_its_sharding():
   jax.tree_util.tree_map(lambda a, s: a.sharding.spec == s or pytest.fail(f'{a.sharding} != {s}'),
                          sharded, expected, is_leaf=lambda x: isinstance(x, P))
   jax.tree_util.tree_map(np.testing.assert_array_equal, sharded, plain)
+  # Sharded arrays are gathered on save.
+  save_hf_checkpoint(config, sharded, str(tmp_path / 'from_mesh'))
+  original, written = _hf_tensors(FIXTURE), _hf_tensors(str(tmp_path / 'from_mesh'))
+  for name, value in original.items():
+    np.testing.assert_array_equal(written[name], value, err_msg=name)
 
 
 def _copy(src, dst):

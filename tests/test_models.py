@@ -1,4 +1,4 @@
-"""The Qwen3 decoder: causality, ragged padding, KV-cache decoding, parameter counts, dtypes, remat."""
+"""Qwen3 decoder: causality, ragged padding, KV-cache decoding, parameter counts, dtypes, remat."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Mesh, partition rules, batch sharding, multi-host start; sharded forward and AdamW step on 8 devices."""
+"""Mesh, partition rules, batch sharding, multi-host start; sharded forward + AdamW step."""
 
 import os
 import socket

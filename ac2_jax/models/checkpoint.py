@@ -58,10 +58,10 @@ def _layout(path: str):
     return name, _same, _same
   if re.fullmatch(r'self_attn/[qkv]_proj', module):
     # ours [E, N, D] <-> HF [N*D, E]
-    return name, _to_heads_in, _from_heads_in
+    return name, _transpose_to, _from_heads_in
   if module == 'self_attn/o_proj':
     # ours [H, D, E] <-> HF [E, H*D]
-    return name, _to_heads_out, _from_heads_out
+    return name, _transpose_to, _from_heads_out
   if module.startswith('mlp/'):
     return name, _transpose, _transpose
   raise ValueError(f'parameter {path} has no Hugging Face counterpart')
@@ -75,16 +75,12 @@ def _transpose(x, shape=None):
   return x.T
 
 
-def _to_heads_in(w, shape):
+def _transpose_to(w, shape):
   return w.T.reshape(shape)
 
 
 def _from_heads_in(k, shape=None):
   return k.reshape(k.shape[0], -1).T
-
-
-def _to_heads_out(w, shape):
-  return w.T.reshape(shape)
 
 
 def _from_heads_out(k, shape=None):
@@ -202,9 +198,10 @@ def load_hf_checkpoint(path: str, mesh: Optional[Mesh] = None, dtype: Optional[s
     unexpected = sorted(n for n in files if n not in expected and not _IGNORED.search(n))
     if config.tie_embeddings and 'lm_head.weight' in unexpected:
       # Some tied checkpoints (e.g. Qwen3-0.6B) also store the shared matrix as lm_head.weight.
-      if not np.array_equal(reader.read('lm_head.weight'), reader.read('model.embed_tokens.weight')):
-        raise ValueError(f'checkpoint {path}: tie_word_embeddings is true but tensor lm_head.weight '
-                         'differs from model.embed_tokens.weight')
+      if not np.array_equal(reader.read('lm_head.weight'),
+                            reader.read('model.embed_tokens.weight')):
+        raise ValueError(f'checkpoint {path}: tie_word_embeddings is true but tensor '
+                         'lm_head.weight differs from model.embed_tokens.weight')
       unexpected.remove('lm_head.weight')
     if unexpected:
       raise ValueError(f'checkpoint {path}: unexpected tensors {unexpected}')
