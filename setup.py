@@ -26,6 +26,8 @@ setup(
         'pyarrow>=14',
         'matplotlib>=3.8',
         'tqdm>=4.66',
+        # tfds (through etils) imports it on every Python but declares it only for < 3.9.
+        'importlib-resources>=6',
     ],
     extras_require={
         'test': ['pytest>=8', 'nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6'],
