@@ -16,6 +16,7 @@ setup(
         'optax==0.2.8',
         'orbax-checkpoint==0.12.8',
         'ml-collections==1.1.0',
+        'absl-py>=2',
         'sentencepiece==0.2.3',
         # tfds builders write array_record files; TensorFlow itself is not needed.
         'tensorflow-datasets==4.9.10',

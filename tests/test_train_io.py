@@ -98,7 +98,7 @@ def test_plots_written(tmp_path):
   logger = metrics.MetricsLogger(str(tmp_path))
   for step in range(1, 4):
     logger.write(step, {'decoding_flops_cum': 1e9 * step, 'val/mean_score': 0.1 * step,
-                        'ready_fraction': 0.2, 'critic_error/all': 0.3})
+                        'ready_fraction': 0.2, 'critic_error': 0.3})
   logger.close()
   paths = plots.plot_run(str(tmp_path))
   assert len(paths) == 4

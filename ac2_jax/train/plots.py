@@ -58,6 +58,6 @@ def plot_run(workdir: str, out_dir: str | None = None) -> list[str]:
       _plot(os.path.join(out_dir, 'ready_fraction.png'), records, 'step', ('ready_fraction',),
             'step', 'fraction of ready problems', 'Local readiness'),
       _plot(os.path.join(out_dir, 'critic_error.png'), records, 'step',
-            ('critic_error/all', 'critic_error/audited'), 'step', 'mean |V(s) - target|',
+            ('critic_error', 'critic_error_audited'), 'step', 'mean |V(s) - target|',
             'Critic error'),
   ]

@@ -1,0 +1,137 @@
+"""Rollout rows shared by every algorithm: generation, actor batches, critic reads and records.
+
+A `Row` is one sampled continuation: its context (prompt + replayed prefix), its new tokens with
+their sampling log-probs and entropies, and, once scored, its advantage and loss weight. Every
+algorithm builds rows, scores them its own way, and hands them to `train_actor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ac2_jax import critic, sampling
+from ac2_jax.rl import flops
+from ac2_jax.train import updates
+from ac2_jax.train.runtime import Runtime
+
+
+@dataclasses.dataclass
+class Row:
+  problem_index: int          # index into the split's records
+  context_P: np.ndarray       # prompt + replayed prefix (int32)
+  prefix_len: int             # replayed prefix tokens inside the context
+  new_N: np.ndarray           # generated tokens (int32), the stop token included
+  logprobs_N: np.ndarray      # log-probs under the sampling distribution
+  entropies_N: np.ndarray
+  stop_reason: str
+  advantage: float = 0.0
+  weight: float = 0.0         # 0: the row does not enter the actor loss
+
+  @property
+  def prompt_len(self) -> int:
+    return len(self.context_P) - self.prefix_len
+
+
+def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_lens: Sequence[int],
+                  problem_indices: Sequence[int], caps: Sequence[int], budgets: Sequence[int],
+                  key: jax.Array, settings: sampling.SamplingSettings) -> tuple[list[Row], float]:
+  """Samples one continuation per context; returns the rows and their decoding FLOPs."""
+  out = sampling.generate(rt.model_config, params, list(contexts), np.asarray(caps),
+                          settings, key, (rt.tokenizer.eos_id,),
+                          budget_new_tokens=np.asarray(budgets), mesh=rt.mesh,
+                          max_total_len=rt.max_total_len, max_batch=rt.max_sample_batch)
+  rows = [Row(int(problem_indices[i]), np.asarray(contexts[i], np.int32), int(prefix_lens[i]),
+              out.tokens(i), out.logprobs(i), out.entropies(i), str(out.stop_reason_N[i]))
+          for i in range(len(out))]
+  cost = flops.decoding_flops(rt.model_config, np.array([len(c) for c in contexts]),
+                              out.num_new_N.astype(np.int64))
+  return rows, float(np.sum(cost))
+
+
+def _bucket_rows(n: int, multiple: int) -> int:
+  b = max(8, 1 << max(0, (n - 1).bit_length()))
+  return -(-b // multiple) * multiple
+
+
+def actor_batch(rt: Runtime, rows: Sequence[Row]) -> updates.ActorBatch:
+  """Right-padded (context + new tokens) with the loss on generated tokens, rows and length bucketed."""
+  T = sampling.bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
+  B = _bucket_rows(len(rows), rt.batch_multiple)
+  tokens = np.zeros((B, T), np.int32)
+  mask = np.zeros((B, T), np.float32)
+  old = np.zeros((B, T), np.float32)
+  adv = np.zeros((B, T), np.float32)
+  for b, r in enumerate(rows):
+    c, n = len(r.context_P), len(r.new_N)
+    tokens[b, :c] = r.context_P
+    tokens[b, c:c + n] = r.new_N
+    mask[b, c:c + n] = r.weight
+    old[b, c:c + n] = r.logprobs_N
+    adv[b, c:c + n] = r.advantage
+  return rt.put_batch(updates.ActorBatch(tokens, mask, old, adv))
+
+
+def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, minibatch: int):
+  """Actor update on one minibatch (`minibatch` of rt.actor_minibatches equal, in-order splits).
+
+  Returns (state, metrics). Advantages were computed on the whole batch before the split.
+  """
+  parts = np.array_split(np.arange(len(rows)), rt.actor_minibatches)
+  chosen = [rows[i] for i in parts[minibatch]]
+  if not chosen or not any(r.weight > 0 for r in chosen):
+    return state, {'skipped_empty': 1.0}
+  state, metrics = rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
+  return state, {k: float(v) for k, v in metrics.items()}
+
+
+def response_texts(rt: Runtime, rows: Sequence[Row]) -> list[str]:
+  """The whole response so far (replayed prefix + new tokens) of each row, as text."""
+  return [rt.tokenizer.decode(np.concatenate([r.context_P[r.prompt_len:], r.new_N]).tolist())
+          for r in rows]
+
+
+def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
+                 responses: Sequence[np.ndarray], references: Sequence[str | None]
+                 ) -> list[float | None]:
+  """The critic's V(prompt . response): greedy reply after 'Q value: ', parsed (None = invalid)."""
+  if not prompts:
+    return []
+  contexts = [np.asarray(rt.critic_context(p, r, ref), np.int32)
+              for p, r, ref in zip(prompts, responses, references)]
+  too_long = [len(c) + sampling.MAX_VALUE_TOKENS > rt.max_total_len for c in contexts]
+  fits = [c for c, long in zip(contexts, too_long) if not long]
+  replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
+                                        stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
+                                        max_total_len=rt.max_total_len) if fits else [])
+  values = []
+  for long in too_long:
+    values.append(None if long else critic.parse_value(rt.tokenizer.decode(
+        [t for t in next(replies).tolist() if t != rt.tokenizer.eos_id])))
+  return values
+
+
+def critic_records_batch(rt: Runtime, records) -> updates.CriticBatch | None:
+  """Critic prompt + value target tokens per record, the targets masked, bucketed."""
+  if not records:
+    return None
+  seqs, targets = [], []
+  for rec in records:
+    ctx = rt.critic_context(rt.prompt_ids_by_id[rec.problem_id], rec.prefix_tokens_P, rec.reference)
+    seqs.append(ctx)
+    targets.append(critic.value_target_ids(rt.tokenizer, rec.target))
+  T = sampling.bucket(max(len(s) + len(t) for s, t in zip(seqs, targets)))
+  B = _bucket_rows(len(records), rt.batch_multiple)
+  tokens = np.zeros((B, T), np.int32)
+  mask = np.zeros((B, T), np.float32)
+  weights = np.zeros((B,), np.float32)
+  for b, (s, t, rec) in enumerate(zip(seqs, targets, records)):
+    tokens[b, :len(s)] = s
+    tokens[b, len(s):len(s) + len(t)] = t
+    mask[b, len(s):len(s) + len(t)] = 1.0
+    weights[b] = rec.weight
+  return rt.put_batch(updates.CriticBatch(tokens, mask, weights))

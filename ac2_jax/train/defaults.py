@@ -1,0 +1,160 @@
+"""Every config key the trainer reads, with its CPU default and a comment: the base of configs/*.py.
+
+The config files in configs/ start from `base_config()` and change what their algorithm or variant
+needs. The defaults are the built-in task on a laptop CPU with the `tiny` model: token counts are
+scaled down from the paper (budget 50,000 -> 64, chunk 10,000 -> 12), the logic is not.
+`paper_scale(config)` applies the AC2 paper's Table 4 for a Qwen3-4B run on a pod.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.algorithm = 'ac2'              # 'ac2' | 'prefix_grpo' | 'grpo'
+  c.seed = 0
+  c.num_steps = 120
+  c.checkpoint_every = 20          # steps; also on exit and on SIGTERM
+  c.checkpoints_kept = 2
+  c.dry_run = False                # build and check shapes/shardings/memory with eval_shape only
+  c.log_every = 1
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = 'tiny'          # ac2_jax.models.get_config name, when no checkpoint is given
+  c.model.init_checkpoint = ''     # Hugging Face checkpoint dir; '' = SFT warm start (built-in task)
+  c.model.dtype = 'float32'        # compute and parameter dtype: 'float32' | 'bfloat16'
+  c.model.attention_impl = 'xla'   # 'xla' | 'pallas'
+  c.model.remat = False
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.fsdp = -1                 # -1: all remaining devices
+  c.mesh.tensor = 1
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = 'builtin'          # 'builtin' | 'proofs'
+  c.task.data_dir = ''             # '' = WORKDIR/data
+  c.task.builtin_steps = 8         # K: operations per chain (difficulty)
+  c.task.builtin_modulus = 13      # prime modulus (difficulty)
+  c.task.builtin_num_train = 20_000
+  c.task.builtin_num_validation = 256
+  c.task.builtin_vocab_size = 512
+  c.task.proofs_train_dir = ''     # manual dir with FineProofs-RL parquet/jsonl files
+  c.task.proofs_validation_dir = ''  # manual dir with IMO-ProofBench files
+  c.task.skip_malformed = False    # skip (and count) malformed data rows instead of failing
+
+  c.judge = ml_collections.ConfigDict()
+  c.judge.base_url = ''            # OpenAI-compatible server for the proof task
+  c.judge.model = ''
+  c.judge.api_key_env = ''         # name of the environment variable holding the key
+  c.judge.max_concurrency = 32
+  c.judge.timeout_s = 600.0
+
+  c.sft = ml_collections.ConfigDict()  # warm start on the built-in task's worked solutions
+  c.sft.steps = 200
+  c.sft.batch_size = 64
+  c.sft.seq_len = 128
+  c.sft.learning_rate = 3e-3
+  c.sft.warmup_steps = 30
+  c.sft.mistake_rate = 0.3         # share of worked solutions with one injected mistake
+
+  c.controller = ml_collections.ConfigDict()  # ac2_jax.controller.ControllerSettings fields
+  c.controller.group_size = 8
+  c.controller.audit_fraction = 0.25
+  c.controller.n_batch = 16
+  c.controller.n_refill = 16
+  c.controller.buffer_capacity = 64
+  c.controller.response_budget = 64
+  c.controller.chunk_size = 12
+  c.controller.cut_grid = 12
+  c.controller.max_cut_fraction = 0.9
+  c.controller.critic_buffer_capacity = 160
+  c.controller.critic_pairs_per_update = 64
+  c.controller.min_valid_per_target = 4
+  c.controller.readiness_window = 5
+  c.controller.tau_global = 0.20
+  c.controller.tau_local = 0.18
+  c.controller.no_audit = False
+  c.controller.group_size_one = False
+  c.controller.stale_buffer = False
+  c.controller.stale_period = 10
+  c.controller.stale_factor = 10
+  c.controller.correct_only = False
+  c.controller.no_local_readiness = False
+  c.controller.no_reference = False
+  c.controller.critic_lr_init = 2 * math.sqrt(2) * 1e-4
+  c.controller.critic_lr_floor = 5 * math.sqrt(2) * 1e-6
+  c.controller.entropy_target = 0.28
+  c.controller.entropy_k_init = 0.06
+  c.controller.eps_high_base = 0.28
+
+  c.grpo = ml_collections.ConfigDict()
+  c.grpo.problems_per_step = 16
+  c.grpo.group_size = 8
+  c.grpo.normalize_std = False
+
+  c.sampling = ml_collections.ConfigDict()  # training rollouts
+  c.sampling.temperature = 0.8
+  c.sampling.top_p = 1.0
+  c.sampling.top_k = 0
+  c.sampling.max_batch = 512       # rows per sampler device call
+
+  c.actor = ml_collections.ConfigDict()
+  c.actor.learning_rate = 1e-4
+  c.actor.weight_decay = 0.01
+  c.actor.grad_clip = 0.3
+  c.actor.eps_low = 0.2
+  c.actor.dual_clip = 3.0
+  c.actor.minibatches = 2
+  c.actor.micro_batch = 0          # rows per gradient micro-batch; 0 = whole minibatch
+
+  c.critic = ml_collections.ConfigDict()
+  c.critic.grad_clip = 0.2
+  c.critic.max_context = 320       # critic prompt tokens; longer pairs are skipped and counted
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 20
+  c.eval.num_problems = 64
+  c.eval.num_responses = 8
+  c.eval.temperature = 0.8
+  c.eval.top_p = 0.95
+  c.eval.top_k = 20
+  return c
+
+
+def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The AC2 paper's main run (Table 4): Qwen3-4B on FineProofs-RL / IMO-ProofBench."""
+  c.num_steps = 200
+  c.checkpoint_every = 5
+  c.model.preset = 'qwen3_4b'
+  c.model.dtype = 'bfloat16'
+  c.model.remat = True
+  c.model.attention_impl = 'pallas'
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  c.task.name = 'proofs'
+  c.controller.group_size = 16
+  c.controller.n_batch = 192
+  c.controller.n_refill = 192
+  c.controller.buffer_capacity = 256
+  c.controller.response_budget = 50_000
+  c.controller.chunk_size = 10_000
+  c.controller.cut_grid = 10_000
+  c.controller.critic_buffer_capacity = 1_920
+  c.controller.critic_pairs_per_update = 768
+  c.controller.min_valid_per_target = 8
+  c.controller.critic_lr_init = 2 * math.sqrt(2) * 1e-6
+  c.controller.critic_lr_floor = 5 * math.sqrt(2) * 1e-7
+  c.grpo.problems_per_step = 256
+  c.grpo.group_size = 16
+  c.sampling.max_batch = 256
+  c.actor.learning_rate = 2e-6
+  c.actor.micro_batch = 16
+  c.critic.max_context = 60_000
+  c.eval.every = 10
+  c.eval.num_problems = 60
+  c.eval.num_responses = 16
+  return c

@@ -1,0 +1,38 @@
+"""Validation: n sampled responses per validation problem, scored by the task's judge.
+
+Evaluation decoding is not counted in the decoding-FLOPs axis (ALGORITHMS.md, Decoding FLOPs).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ac2_jax.algorithms import rollouts
+from ac2_jax.train import eval_stats
+from ac2_jax.train.runtime import Runtime
+
+
+def evaluate(rt: Runtime, params, key: jax.Array, *, num_problems: int, num_responses: int,
+             max_new_tokens: int, best_of: int | None = None) -> dict:
+  """Mean score (points / 7) and bootstrap best-of-n over the first `num_problems` problems."""
+  n_problems = min(num_problems, len(rt.val_records))
+  if n_problems < 1:
+    raise ValueError('evaluation needs at least one validation problem')
+  pidx = np.repeat(np.arange(n_problems), num_responses)
+  contexts = [rt.val_prompts[p] for p in pidx]
+  rows, _ = rollouts.generate_rows(rt, params, contexts, [0] * len(pidx), pidx,
+                                   [max_new_tokens] * len(pidx), [max_new_tokens] * len(pidx), key,
+                                   rt.eval_sampling)
+  texts = rollouts.response_texts(rt, rows)
+  grades = rt.task.score_batch([rt.val_records[p] for p in pidx], texts)
+  scores_PxN = np.array([g.reward for g in grades], np.float64).reshape(n_problems, num_responses)
+  best_of = best_of or num_responses
+  rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+  return {
+      'val/mean_score': eval_stats.mean_score(scores_PxN),
+      'val/best_of_n': eval_stats.best_of_n_bootstrap(scores_PxN, best_of, rng),
+      'val/full_marks': float(np.mean(scores_PxN >= 1.0)),
+      'val/judge_failures': sum(not g.valid for g in grades),
+      'val/mean_new_tokens': float(np.mean([len(r.new_N) for r in rows])),
+  }

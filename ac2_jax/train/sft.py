@@ -1,0 +1,109 @@
+"""Supervised warm start: next-token cross-entropy on the response tokens of (prompt, response) pairs.
+
+The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
+exactly as it loads a released one. A finished warm start is cached: the same settings in the same
+directory return the saved checkpoint without training again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ac2_jax import models
+
+DONE_FILE = 'sft_done.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSettings:
+  steps: int = 600
+  batch_size: int = 64
+  seq_len: int = 128  # prompt + response, right-padded; longer examples are an error
+  learning_rate: float = 3e-3
+  warmup_steps: int = 50
+  weight_decay: float = 0.01
+  grad_clip: float = 1.0
+  mistake_rate: float = 0.3  # built-in task: share of worked solutions with an injected mistake
+  seed: int = 0
+
+
+def _loss(model_config, params, tokens_BxT, mask_BxT):
+  logits = models.forward(model_config, params, tokens_BxT)[0][:, :-1]
+  logp = jax.nn.log_softmax(logits)
+  picked = jnp.take_along_axis(logp, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  m = mask_BxT[:, 1:]
+  return -(picked * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: int, seq_len: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded tokens and a mask on the response tokens (the loss targets)."""
+  tokens = np.zeros((batch_size, seq_len), np.int32)
+  mask = np.zeros((batch_size, seq_len), np.float32)
+  for b in range(batch_size):
+    prompt, response = next(examples)
+    n = len(prompt) + len(response)
+    if n > seq_len:
+      raise ValueError(f'SFT example of {n} tokens exceeds seq_len={seq_len}')
+    tokens[b, :n] = np.concatenate([prompt, response])
+    mask[b, len(prompt):n] = 1.0
+  return tokens, mask
+
+
+def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
+  blob = json.dumps([dataclasses.asdict(model_config), dataclasses.asdict(settings), data_key],
+                    sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
+            examples: Iterator[tuple[np.ndarray, np.ndarray]], out_dir: str, *, data_key: str = '',
+            log=print) -> str:
+  """Trains from random weights and saves to `out_dir` (HF format); returns `out_dir`.
+
+  Reuses `out_dir` when it already holds a finished run with the same settings.
+  """
+  key = settings_key(model_config, settings, data_key)
+  done_path = os.path.join(out_dir, DONE_FILE)
+  if os.path.exists(done_path):
+    with open(done_path) as f:
+      if json.load(f).get('key') == key:
+        log(f'SFT: reusing the warm start in {out_dir}')
+        return out_dir
+
+  warmup = min(settings.warmup_steps, settings.steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, settings.learning_rate, warmup,
+                                                max(settings.steps, warmup + 1),
+                                                settings.learning_rate * 0.05)
+  optimizer = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
+                          optax.adamw(schedule, weight_decay=settings.weight_decay))
+  params = models.init_params(model_config, jax.random.key(settings.seed))
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, opt_state, tokens, mask):
+    loss, grads = jax.value_and_grad(lambda p: _loss(model_config, p, tokens, mask))(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  start = time.time()
+  for i in range(1, settings.steps + 1):
+    tokens, mask = make_batch(examples, settings.batch_size, settings.seq_len)
+    params, opt_state, loss = step(params, opt_state, tokens, mask)
+    if i % 50 == 0 or i == settings.steps:
+      log(f'SFT step {i}/{settings.steps} loss {float(loss):.4f} ({time.time() - start:.0f}s)')
+  models.save_hf_checkpoint(model_config, params, out_dir)
+  with open(done_path, 'w') as f:
+    json.dump({'key': key, 'steps': settings.steps, 'final_loss': float(loss),
+               'seconds': time.time() - start}, f)
+  return out_dir

@@ -1,0 +1,26 @@
+"""GRPO: fresh problems, g full responses each, group-mean baseline on the terminal reward.
+
+CPU, built-in task, `tiny` model (SFT warm start included):
+  python launch/tpu_run.py --config=configs/grpo.py --workdir=/tmp/grpo_run
+Paper scale (256 problems x 16 responses per step, Qwen3-4B; see docs/tpu.md):
+  python launch/tpu_run.py --config=configs/grpo.py:qwen3_4b --workdir=... \
+    --config.model.init_checkpoint=... --config.task.proofs_train_dir=... \
+    --config.task.proofs_validation_dir=... --config.judge.base_url=...
+Argument `std` divides advantages by the group's standard deviation.
+"""
+
+from ac2_jax.train import defaults
+
+
+def get_config(arg: str = ''):
+  c = defaults.base_config()
+  c.algorithm = 'grpo'
+  parts = [p for p in arg.split(',') if p]
+  if 'qwen3_4b' in parts:
+    c = defaults.paper_scale(c)
+  if 'std' in parts:
+    c.grpo.normalize_std = True
+  unknown = set(parts) - {'qwen3_4b', 'std', 'tiny', 'cpu'}
+  if unknown:
+    raise ValueError(f'unknown GRPO config arguments {sorted(unknown)}')
+  return c
