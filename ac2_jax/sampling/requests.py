@@ -33,7 +33,7 @@ def bucket(n: int, minimum: int = MIN_LENGTH_BUCKET) -> int:
     size *= 2
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class PackedRequests:
   """Requests as the decoder takes them: B >= N rows, the last B - N are padding.
 
@@ -131,7 +131,7 @@ def pack(contexts: Sequence[np.ndarray], max_new_tokens, budget_new_tokens, *, v
       budgets_N=budgets_N)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class SampleOutput:
   """Generated continuations, one row per request, in request order.
 
