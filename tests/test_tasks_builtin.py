@@ -18,7 +18,8 @@ SMALL = builtin.ChainSettings(num_train=1500, num_validation=64)
 # Start 11, modulo 13: 11-5=6, 6+3=9, 9+2=11, 11*4=5, 5*12=8, 8+1=9, 9+12=8, 8-3=5.
 PROBLEM = builtin.ChainProblem(start=11, ops='-++**++-', operands=(5, 3, 2, 4, 12, 1, 12, 3),
                                modulus=13)
-RIGHT = '-5=6\n+3=9\n+2=11\n*4=5\n*12=8\n+1=9\n+12=8\n-3=5\n</think>\n\n<answer>5</answer>'
+RIGHT = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=8\n8+1=9\n9+12=8\n8-3=5\n</think>\n\n'
+         '<answer>5</answer>')
 
 
 @pytest.fixture(scope='module')
@@ -106,13 +107,15 @@ def test_scoring_hand_written_solutions(record):
   assert _score(task, record, RIGHT) == 7
   assert _score(task, record, RIGHT + '<|im_end|>') == 7
   # Early mistake: 11-5 written as 7; carried on correctly from 7, the answer is wrong.
-  early = '-5=7\n+3=10\n+2=12\n*4=9\n*12=4\n+1=5\n+12=4\n-3=1\n</think>\n\n<answer>1</answer>'
+  early = ('11-5=7\n7+3=10\n10+2=12\n12*4=9\n9*12=4\n4+1=5\n5+12=4\n4-3=1\n</think>\n\n'
+           '<answer>1</answer>')
   assert _score(task, record, early) == 0
   # Late mistake: only the last step is wrong: floor(6 * 7 / 8) = 5.
   late = RIGHT.replace('-3=5\n', '-3=4\n').replace('<answer>5', '<answer>4')
   assert _score(task, record, late) == 5
   # Mistake in the middle: 4 right steps: floor(6 * 4 / 8) = 3.
-  middle = '-5=6\n+3=9\n+2=11\n*4=5\n*12=7\n+1=8\n+12=7\n-3=4\n</think>\n\n<answer>4</answer>'
+  middle = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n7+1=8\n8+12=7\n7-3=4\n</think>\n\n'
+            '<answer>4</answer>')
   assert _score(task, record, middle) == 3
   # All steps right but the answer copied wrongly: 6.
   assert _score(task, record, RIGHT.replace('<answer>5', '<answer>6')) == 6
@@ -120,6 +123,8 @@ def test_scoring_hand_written_solutions(record):
   assert _score(task, record, early.replace('<answer>1', '<answer>5')) == 0
   # A step with the wrong operand breaks the prefix even when its value is right: 2 right steps.
   assert _score(task, record, RIGHT.replace('+2=11', '+1=11')) == 1
+  # So does a wrongly copied previous value: 3 right steps.
+  assert _score(task, record, RIGHT.replace('\n11*4=5', '\n10*4=5')) == 2
 
 
 def test_scoring_malformed_truncated_empty(record):

@@ -81,9 +81,11 @@ def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, miniba
 
   Returns (state, metrics). Advantages were computed on the whole batch before the split.
   """
-  parts = np.array_split(np.arange(len(rows)), rt.actor_minibatches)
-  chosen = [rows[i] for i in parts[minibatch]]
-  if not chosen or not any(r.weight > 0 for r in chosen):
+  # Rows outside the loss (refills, dropped singles) take no place in a minibatch.
+  trained = [r for r in rows if r.weight > 0]
+  parts = np.array_split(np.arange(len(trained)), rt.actor_minibatches)
+  chosen = [trained[i] for i in parts[minibatch]]
+  if not chosen:
     return state, {'skipped_empty': 1.0}
   state, metrics = rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
   return state, {k: float(v) for k, v in metrics.items()}

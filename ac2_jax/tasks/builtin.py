@@ -4,23 +4,24 @@ A problem is a start value s and K steps `op a` (op in + - *) applied modulo a p
 
   prompt:    Start at 7 and apply modulo 13: +5 *3 -2 *7 +11 -4 *2 +9
              Write each result, then the last in <answer></answer>.
-  response:  +5=12            (inside the thinking section the prompt opened)
-             *3=10
+  response:  7+5=12           (inside the thinking section the prompt opened)
+             12*3=10
              ...
-             +9=4
+             8+9=4
              </think>
 
              <answer>4</answer>
 
 The modulus is prime and no step multiplies by 0, so every step is a bijection: one wrong
 intermediate value can never end in the right answer (an early mistake dooms the result). With
-digits as single tokens a K=8, p=13 response is about 50 tokens, K=12 about 75: at least four
-chunks of the CPU default chunk size (8-12 tokens).
+digits as single tokens a K=8, p=13 response is about 66 tokens, K=12 about 95: at least four
+chunks of the CPU default chunk size (16 tokens).
 
 Scoring (0..7, like the proof judge) parses the response and never evaluates it: c = the number of
-leading lines that equal the true steps (operator, operand and value), points = floor(6 c / K),
-plus 1 when the whole chain and the answer are right. A response without a complete answer block
-after `</think>` scores 0 (valid), as a proof without a proof block does.
+leading lines that equal the true steps (previous value, operator, operand, value),
+points = floor(6 c / K), plus 1 when the whole chain and the answer are right. A response
+without a complete answer block after `</think>` scores 0 (valid), as a proof without a proof
+block does.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ _PROMPT = ('Start at {start} and apply modulo {modulus}: {steps}\n'
            'Write each result, then the last in <answer></answer>.')
 _PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+): ((?:[+\-*]\d+ ?)+)\n')
 _STEP_RE = re.compile(r'([+\-*])(\d+)')
-_LINE_RE = re.compile(r'([+\-*])(\d{1,4})=(\d{1,4})')
+# One worked step: previous value, the step, the new value ('11-5=6'). Writing the previous value
+# makes every step a local computation, which a small model learns in minutes.
+_LINE_RE = re.compile(r'(\d{1,4})([+\-*])(\d{1,4})=(\d{1,4})')
 _ANSWER_RE = re.compile(r'\d{1,4}')
 
 _CRITIC = ('Pause here and estimate how much credit this attempt will earn if you continue it to '
@@ -71,6 +74,7 @@ class ChainSettings:
 
   steps: int = 8  # K: operations per problem
   modulus: int = 13  # a prime, so that every step is invertible
+  ops: str = OPS  # the operations drawn from (a difficulty knob: '+-' is easier than '+-*')
   num_train: int = 20_000
   num_validation: int = 256
   seed: int = 0
@@ -79,6 +83,8 @@ class ChainSettings:
   validation_every: int = 8
 
   def __post_init__(self):
+    if not self.ops or len(set(self.ops)) != len(self.ops) or set(self.ops) - set(OPS):
+      raise ValueError(f'ops must be distinct characters of {OPS!r}, got {self.ops!r}')
     if self.steps < 1:
       raise ValueError(f'steps must be >= 1, got {self.steps}')
     if not _is_prime(self.modulus) or self.modulus < 5:
@@ -181,7 +187,8 @@ def written_values(problem: ChainProblem, mistake_at: int | None = None,
 
 
 def steps_text(problem: ChainProblem, values: Sequence[int]) -> str:
-  return '\n'.join(f'{s}={v}' for s, v in zip(problem.step_strings(), values))
+  previous = [problem.start, *values[:-1]]
+  return '\n'.join(f'{p}{s}={v}' for p, s, v in zip(previous, problem.step_strings(), values))
 
 
 def answer_text(value: int | str) -> str:
@@ -218,9 +225,12 @@ def score_response(problem: ChainProblem, response: str) -> grading.Grade:
     return grading.no_answer_grade()
   truth = problem.values()
   correct = 0
-  for line, step, value in zip(_thinking_lines(response), problem.step_strings(), truth):
+  previous = [problem.start, *truth[:-1]]
+  for line, prev, step, value in zip(_thinking_lines(response), previous, problem.step_strings(),
+                                     truth):
     m = _LINE_RE.fullmatch(line)
-    if m is None or f'{m.group(1)}{int(m.group(2))}' != step or int(m.group(3)) != value:
+    if (m is None or int(m.group(1)) != prev or f'{m.group(2)}{int(m.group(3))}' != step
+        or int(m.group(4)) != value):
       break
     correct += 1
   answer = block.strip()
@@ -246,19 +256,21 @@ def generate(settings: ChainSettings) -> dict[str, list[ChainProblem]]:
   want = {'train': settings.num_train, 'validation': settings.num_validation}
   out: dict[str, list[ChainProblem]] = {'train': [], 'validation': []}
   seen: set[str] = set()
-  capacity = p * (3 * (p - 1) - 1) ** k  # distinct problems there are
+  steps_per_position = sum(p - 2 if op == '*' else p - 1 for op in settings.ops)
+  capacity = p * steps_per_position ** k  # distinct problems there are
   if capacity < 2 * (want['train'] + want['validation']):
     raise ValueError(f'steps={k}, modulus={p} give only {capacity} distinct problems; ask for '
                      f'fewer than half of that')
   while any(len(out[s]) < want[s] for s in out):
     batch = 4096
     starts = rng.integers(0, p, size=batch)
-    ops = rng.integers(0, 3, size=(batch, k))
+    ops = rng.integers(0, len(settings.ops), size=(batch, k))
     add = rng.integers(1, p, size=(batch, k))
     mul = rng.integers(2, p, size=(batch, k))
     for b in range(batch):
-      operands = tuple(int(mul[b, i] if ops[b, i] == 2 else add[b, i]) for i in range(k))
-      problem = ChainProblem(int(starts[b]), ''.join(OPS[o] for o in ops[b]), operands, p)
+      chars = ''.join(settings.ops[o] for o in ops[b])
+      operands = tuple(int(mul[b, i] if chars[i] == '*' else add[b, i]) for i in range(k))
+      problem = ChainProblem(int(starts[b]), chars, operands, p)
       key = problem.key()
       if key in seen:
         continue

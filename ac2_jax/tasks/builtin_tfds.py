@@ -29,10 +29,14 @@ class ChainConfig(tfds.core.BuilderConfig):
   settings: builtin.ChainSettings = builtin.ChainSettings()
 
 
+def _op_names(ops: str) -> str:
+  return ''.join({'+': 'a', '-': 's', '*': 'm'}[op] for op in ops)
+
+
 def config_for(settings: builtin.ChainSettings) -> ChainConfig:
   s = settings
   name = (f'k{s.steps}_p{s.modulus}_n{s.num_train}_v{s.num_validation}_s{s.seed}'
-          f'_e{s.validation_every}')
+          f'_e{s.validation_every}' + ('' if s.ops == builtin.OPS else f'_o{_op_names(s.ops)}'))
   return ChainConfig(name=name, settings=settings,
                      description=f'{s.steps} steps modulo {s.modulus}')
 
