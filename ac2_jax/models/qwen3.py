@@ -4,7 +4,10 @@ Module names follow the Hugging Face checkpoint (`embed_tokens`, `layers_{i}.sel
 so that `checkpoint.py` maps tensors by a fixed rename. Projections keep the head axis explicit
 (`q_proj.kernel` is [hidden, heads, head_dim]) so that the `tensor` mesh axis can split heads.
 
-A KV cache is a dict `{'k': [L, B, S, K, D], 'v': [L, B, S, K, D]}`. `forward` appends a block of
+A KV cache is a dict `{'k': [L, B, S, K, D], 'v': [L, B, S, K, D]}`, or per layer
+`{'k': (L arrays [B, S, K, D]), 'v': (...)}`; `forward` returns the layout it was given. Decode loops
+carry the per-layer layout: restacking the [L, ...] array would copy the whole cache every token.
+`forward` appends a block of
 T tokens to every row at that row's own offset `cache_lengths_B`; prefill is the case offset 0,
 decoding the case T = 1. The caller keeps `offset + T <= S`.
 """
@@ -129,7 +132,12 @@ class Decoder(nn.Module):
         new_k.append(layer_new[0])
         new_v.append(layer_new[1])
     x_BxTxE = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name='norm')(x_BxTxE)
-    new_cache = None if cache is None else {'k': jnp.stack(new_k), 'v': jnp.stack(new_v)}
+    if cache is None:
+      new_cache = None
+    elif isinstance(cache['k'], (tuple, list)):
+      new_cache = {'k': tuple(new_k), 'v': tuple(new_v)}
+    else:
+      new_cache = {'k': jnp.stack(new_k), 'v': jnp.stack(new_v)}
     if output == 'hidden':
       return x_BxTxE, new_cache
     if c.tie_embeddings:

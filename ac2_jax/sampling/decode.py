@@ -7,10 +7,9 @@ padding of the batch.
 
 The cache is allocated inside the jitted function and only ever updated in place by the loop, so
 XLA owns one buffer for it from prefill to the last decode step (no donated copy is needed). It is
-carried as one [B, S, K, D] array per layer: `qwen3.forward` only indexes `cache['k'][i]`, and the
-stacked [L, ...] cache it returns is sliced straight back into layers, which XLA folds away. Carrying
-the stacked array instead costs a copy of the whole cache on every decode step (measured: the
-tiny preset decodes 2x faster, the small one 10-20%).
+carried as one [B, S, K, D] array per layer, a layout `qwen3.forward` takes and returns. Carrying
+the stacked [L, ...] array instead costs a copy of the whole cache on every decode step (measured:
+the tiny preset decodes 2x faster, the small one 10-20%).
 """
 
 from __future__ import annotations
@@ -67,13 +66,6 @@ def layer_cache_spec(config: ModelConfig, mesh: Mesh, batch: int) -> P:
                            (batch, 0, config.num_kv_heads, 0), mesh)
 
 
-def _forward_layered(config: ModelConfig, params, tokens_BxT, cache_layers, **kwargs):
-  """`qwen3.forward` on a cache held as {'k': (layer arrays...), 'v': (...)}; same layout back."""
-  out, stacked = qwen3.forward(config, params, tokens_BxT, cache=cache_layers, **kwargs)
-  layers = {name: tuple(stacked[name][i] for i in range(config.num_layers)) for name in stacked}
-  return out, layers
-
-
 @functools.partial(jax.jit, static_argnames=('config', 'settings', 'stop_ids', 'max_new', 'mesh'))
 def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B, *,
                  config: ModelConfig, settings: SamplingSettings, stop_ids: tuple[int, ...],
@@ -117,8 +109,8 @@ def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B
   def is_stop(tokens_B):
     return jnp.any(tokens_B[:, None] == stop_ids_S[None, :], axis=-1)
 
-  hidden_BxPxE, cache = _forward_layered(config, params, contexts_BxP, cache,
-                                         lengths_B=context_lengths_B, output='hidden')
+  hidden_BxPxE, cache = qwen3.forward(config, params, contexts_BxP, cache=cache,
+                                      lengths_B=context_lengths_B, output='hidden')
   logits_BxV = head_logits(config, params, last_hidden(hidden_BxPxE, context_lengths_B))
   token_B, logprob_B, entropy_B = choose(logits_BxV, jnp.zeros((B,), jnp.int32))
   first_C = jnp.arange(C) == 0
@@ -136,8 +128,8 @@ def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B
     step, cache, token_B, tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B, done_B = carry
     # The last drawn token enters the cache at the slot after the row's previous tokens.
     positions_B = context_lengths_B + num_new_B - 1
-    logits_Bx1xV, cache = _forward_layered(config, params, token_B[:, None], cache,
-                                           cache_lengths_B=positions_B)
+    logits_Bx1xV, cache = qwen3.forward(config, params, token_B[:, None], cache=cache,
+                                        cache_lengths_B=positions_B)
     new_B, logprob_B, entropy_B = choose(logits_Bx1xV[:, 0], num_new_B)
     active_B = ~done_B
     write_BxC = active_B[:, None] & (jnp.arange(C)[None, :] == num_new_B[:, None])
