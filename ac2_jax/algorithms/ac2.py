@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from ac2_jax import controller as ctl
+from ac2_jax import sampling
 from ac2_jax.algorithms import rollouts
 from ac2_jax.controller.steps import RequestKind, ValueSource
 from ac2_jax.rl import advantages as adv_lib
@@ -180,7 +181,7 @@ class AC2:
     def fits(record) -> bool:
       context = rt.critic_context(rt.prompt_ids_by_id[record.problem_id], record.prefix_tokens_P,
                                   record.reference)
-      return len(context) + rollouts.sampling.MAX_VALUE_TOKENS <= limit
+      return len(context) + sampling.MAX_VALUE_TOKENS <= limit
 
     batch = self.controller.critic_batch(step, fits)
     device_batch = rollouts.critic_records_batch(rt, batch.records)

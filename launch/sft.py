@@ -1,0 +1,29 @@
+"""Warm-starts a model on the built-in task's worked solutions (cached in WORKDIR/sft).
+
+  python launch/sft.py --config=configs/ac2.py --workdir=/tmp/ac2_run
+
+`tpu_run.py` runs this itself when no initial checkpoint is configured; the result is a Hugging Face
+checkpoint directory that `--config.model.init_checkpoint` also accepts.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from ac2_jax.train import experiment
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; the warm start goes to WORKDIR/sft.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  task, tok = experiment.build_task(config, _WORKDIR.value, config.model.init_checkpoint or None)
+  print(experiment.initial_checkpoint(config, _WORKDIR.value, task, tok))
+
+
+if __name__ == '__main__':
+  app.run(main)
