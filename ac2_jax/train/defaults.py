@@ -2,7 +2,7 @@
 
 The config files in configs/ start from `base_config()` and change what their algorithm or variant
 needs. The defaults are the built-in task on a laptop CPU with the `tiny` model: token counts are
-scaled down from the paper (budget 50,000 -> 64, chunk 10,000 -> 12), the logic is not.
+scaled down from the paper (budget 50,000 -> 80, chunk 10,000 -> 16), the logic is not.
 `paper_scale(config)` applies the AC2 paper's Table 4 for a Qwen3-4B run on a pod.
 """
 
@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.algorithm = 'ac2'              # 'ac2' | 'prefix_grpo' | 'grpo'
   c.seed = 0
-  c.num_steps = 120
+  c.num_steps = 60
   c.checkpoint_every = 20          # steps; also on exit and on SIGTERM
   c.checkpoints_kept = 2
   c.dry_run = False                # build and check shapes/shardings/memory with eval_shape only
@@ -39,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.name = 'builtin'          # 'builtin' | 'proofs'
   c.task.data_dir = ''             # '' = WORKDIR/data
   c.task.builtin_steps = 8         # K: operations per chain (difficulty)
-  c.task.builtin_modulus = 13      # prime modulus (difficulty)
+  c.task.builtin_modulus = 7       # prime modulus (difficulty)
+  c.task.builtin_ops = '+-'        # operations drawn from '+-*' (difficulty)
   c.task.builtin_num_train = 20_000
   c.task.builtin_num_validation = 256
   c.task.builtin_vocab_size = 512
@@ -55,9 +56,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.judge.timeout_s = 600.0
 
   c.sft = ml_collections.ConfigDict()  # warm start on the built-in task's worked solutions
-  c.sft.steps = 200
-  c.sft.batch_size = 64
-  c.sft.seq_len = 128
+  c.sft.steps = 700
+  c.sft.batch_size = 32
+  c.sft.seq_len = 144
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 30
   c.sft.mistake_rate = 0.3         # share of worked solutions with one injected mistake
@@ -68,12 +69,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.n_batch = 16
   c.controller.n_refill = 16
   c.controller.buffer_capacity = 64
-  c.controller.response_budget = 64
-  c.controller.chunk_size = 12
-  c.controller.cut_grid = 12
+  c.controller.response_budget = 80   # a K=8 solution is about 60 tokens
+  c.controller.chunk_size = 16        # about 4 chunks per solution
+  c.controller.cut_grid = 16
   c.controller.max_cut_fraction = 0.9
   c.controller.critic_buffer_capacity = 160
-  c.controller.critic_pairs_per_update = 64
+  c.controller.critic_pairs_per_update = 32
   c.controller.min_valid_per_target = 4
   c.controller.readiness_window = 5
   c.controller.tau_global = 0.20
