@@ -241,14 +241,19 @@ def test_sft_mistake_rate(built):
   _, task, tok = built
   records = {tuple(task.prompt_ids(tok, r)): r for r in task.records('train')}
 
-  def solved_share(rate):
-    stream = builtin_sft.sft_examples(task, tok, mistake_rate=rate, seed=0)
+  def solved_share(rate, step_rate=0.0):
+    stream = builtin_sft.sft_examples(task, tok, mistake_rate=rate, step_mistake_rate=step_rate,
+                                      seed=0)
     points = [task.score(records[tuple(p.tolist())], tok.decode(r)).points
               for p, r in list(stream)[:400]]
     return np.mean([p == 7 for p in points])
 
   assert solved_share(1.0) == 0.0
   assert 0.6 < solved_share(0.3) < 0.8
+  # Independent mistakes per step: (1 - 0.2) ** 8 = 0.17 of the solutions stay right.
+  assert 0.11 < solved_share(0.0, 0.2) < 0.23
+  with pytest.raises(ValueError, match='step_mistake_rate'):
+    next(builtin_sft.sft_examples(task, tok, mistake_rate=0.0, step_mistake_rate=-0.1))
   forever = builtin_sft.sft_examples(task, tok, mistake_rate=0.1, epochs=None)
   assert sum(1 for _ in zip(range(2 * len(records) + 5), forever)) == 2 * len(records) + 5
   with pytest.raises(ValueError, match='mistake_rate'):

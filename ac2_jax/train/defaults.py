@@ -61,7 +61,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.seq_len = 144
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 30
-  c.sft.mistake_rate = 0.3         # share of worked solutions with one injected mistake
+  c.sft.mistake_rate = 0.0         # share of worked solutions with one injected mistake
+  c.sft.step_mistake_rate = 0.25   # each worked step independently wrong: sets the start accuracy
 
   c.controller = ml_collections.ConfigDict()  # ac2_jax.controller.ControllerSettings fields
   c.controller.group_size = 8

@@ -33,7 +33,8 @@ class SFTSettings:
   warmup_steps: int = 50
   weight_decay: float = 0.01
   grad_clip: float = 1.0
-  mistake_rate: float = 0.3  # built-in task: share of worked solutions with an injected mistake
+  mistake_rate: float = 0.0  # built-in task: share of worked solutions with one injected mistake
+  step_mistake_rate: float = 0.25  # built-in task: each step independently wrong
   seed: int = 0
 
 
