@@ -16,6 +16,7 @@ from ac2_jax import models, sampling, sharding, tokenization
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.algorithms import grpo as grpo_lib
 from ac2_jax.tasks import builtin, builtin_sft, builtin_tfds
+from ac2_jax.train import distributed
 from ac2_jax.train import runtime as runtime_lib
 from ac2_jax.train import sft as sft_lib
 from ac2_jax.train import state as state_lib
@@ -57,10 +58,11 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
         validation=dataclasses.replace(proofs_tfds.IMO_PROOFBENCH, skip_malformed=skip))
 
     def judge(mode):
-      return judges.HttpJudge(judges.HttpJudgeSettings(
+      # Process 0 calls the server and broadcasts the grades (see train/distributed.py).
+      return distributed.MainProcessJudge(judges.HttpJudge(judges.HttpJudgeSettings(
           base_url=c.judge.base_url, model=c.judge.model, mode=mode,
           api_key_env=c.judge.api_key_env or None, max_concurrency=c.judge.max_concurrency,
-          timeout_s=c.judge.timeout_s))
+          timeout_s=c.judge.timeout_s)))
 
     task = proofs.make_proof_task(data, train_judge=judge('training'),
                                   validation_judge=judge('validation'))
@@ -93,8 +95,11 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print):
   if c.algorithm not in ALGORITHMS:
     raise ValueError(f'config.algorithm must be one of {ALGORITHMS}, got {c.algorithm!r}')
   tokenizer_dir = c.model.init_checkpoint or None
-  task, tok = build_task(c, workdir, tokenizer_dir)
-  checkpoint = initial_checkpoint(c, workdir, task, tok, log=log)
+  # Process 0 writes the data set and the warm start; the others then read them (shared files).
+  with distributed.main_process_first('build_task'):
+    task, tok = build_task(c, workdir, tokenizer_dir)
+  with distributed.main_process_first('initial_checkpoint'):
+    checkpoint = initial_checkpoint(c, workdir, task, tok, log=log)
   mesh = sharding.make_mesh(sharding.MeshConfig(c.mesh.data, c.mesh.fsdp, c.mesh.tensor))
   model_config, params = models.load_hf_checkpoint(checkpoint, mesh=mesh, dtype=c.model.dtype,
                                                    attention_impl=c.model.attention_impl,

@@ -16,7 +16,7 @@ import time
 import jax
 import ml_collections
 
-from ac2_jax.train import checkpointing, experiment, metrics as metrics_lib, plots
+from ac2_jax.train import checkpointing, distributed, experiment, metrics as metrics_lib, plots
 from ac2_jax.train.evaluation import evaluate
 
 PROGRESS_KEYS = ('step', 'reward/judged_mean', 'reward/refill_mean', 'ready_fraction',
@@ -63,10 +63,13 @@ def _eval(c, rt, state, step):
 def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
           log=print) -> RunSummary:
   """Trains to `c.num_steps` (or stops after step `stop_after`, checkpointing, for tests)."""
+  if c.dry_run:
+    raise ValueError('config.dry_run=True: call ac2_jax.train.dry_run.run(config) instead of train')
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(c.to_json_best_effort(indent=2))
+  if is_main:
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(c.to_json_best_effort(indent=2))
   rt, algorithm, state = experiment.build(c, workdir, log=log if is_main else (lambda *_: None))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=c.checkpoints_kept)
   logger = metrics_lib.MetricsLogger(workdir, enabled=is_main)
@@ -103,7 +106,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
       if step % c.log_every == 0:
         log(metrics_lib.progress_line(written, PROGRESS_KEYS))
       last = step
-      stopping = flag.stop or step == stop_after
+      # All processes must save and stop at the same step (SIGTERM may reach one host only).
+      stopping = distributed.any_process(flag.stop) or step == stop_after
       if step % c.checkpoint_every == 0 or step == c.num_steps or stopping:
         save(step)
       if stopping:

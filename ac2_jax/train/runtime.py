@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ac2_jax import critic, models, sampling, sharding, tokenization
 from ac2_jax.tasks import base as task_base
+from ac2_jax.train import distributed
 from ac2_jax.train import state as state_lib
 from ac2_jax.train import updates
 
@@ -53,7 +54,8 @@ class Runtime:
     return int(np.prod([self.mesh.shape[a] for a in sharding.BATCH_AXES]))
 
   def put_batch(self, batch: Any) -> Any:
-    return sharding.shard_batch(batch, self.mesh)
+    # Every process holds the whole host batch (train/distributed.py).
+    return distributed.put_global_batch(batch, self.mesh)
 
   def critic_context(self, prompt_ids, response_ids, reference: str | None) -> list[int]:
     return critic.critic_context_ids(self.tokenizer, prompt_ids, response_ids,
