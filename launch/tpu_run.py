@@ -2,25 +2,42 @@
 
   python launch/tpu_run.py --config=configs/ac2.py --workdir=/tmp/ac2_run
   python launch/tpu_run.py --config=configs/ac2.py:qwen3_4b,no_audit --workdir=... --config.seed=1
+
+Multi-process: run the same command on every host. On a Cloud TPU pod (or under SLURM) no extra
+flags are needed: `jax.distributed.initialize()` discovers the cluster. Elsewhere give
+`--coordinator=HOST:PORT --num_processes=N --process_id=I` (process 0 listens on HOST:PORT).
+`--config.dry_run=True` checks shapes, shardings and memory per device of the full-size model
+with `jax.eval_shape` on any CPU, without starting the cluster, loading or writing anything.
+See docs/tpu.md and docs/gpu.md.
 """
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from ac2_jax.train import loop
+from ac2_jax.train import distributed, dry_run, loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, plots.')
+_COORDINATOR = flags.DEFINE_string('coordinator', None,
+                                   'HOST:PORT of process 0 (multi-process runs off TPU pods).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes in the run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, in [0, num_processes).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  summary = loop.train(_CONFIG.value, _WORKDIR.value)
-  print(f'validation score: start {summary.start_score:.4f} -> final {summary.final_score:.4f}')
-  print('plots:', *summary.plots, sep='\n  ')
+  config = _CONFIG.value
+  if config.dry_run:  # no cluster is started: the mesh is abstract
+    print(dry_run.run(config).text())
+    return
+  print(distributed.start(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value))
+  summary = loop.train(config, _WORKDIR.value)
+  if distributed.is_main():
+    print(f'validation score: start {summary.start_score:.4f} -> final {summary.final_score:.4f}')
+    print('plots:', *summary.plots, sep='\n  ')
 
 
 if __name__ == '__main__':

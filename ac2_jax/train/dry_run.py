@@ -1,0 +1,329 @@
+"""Dry run of a config: shapes, shardings and memory per device of the full-size model, on any CPU.
+
+`python launch/tpu_run.py --config=... --config.dry_run=True` builds nothing real: the parameters,
+both optimizer states and one actor and one critic update exist only as `jax.eval_shape`
+abstractions, the mesh is a `jax.sharding.AbstractMesh` of the configured axis sizes (so a laptop
+plans a 32-chip pod), and no checkpoint, data set or judge is touched (a checkpoint's config.json
+is read when it is there). The report gives bytes per device, by phase:
+
+  state     parameters + actor AdamW moments + critic Adam moments: resident for the whole run.
+  sampling  the KV cache of one sampler call (`sampling.max_batch` rows at the longest context,
+            bucketed as the sampler pads) and the prefill's activations of one layer.
+  update    gradients, float32 logits of one micro-batch (the losses take a log-softmax over
+            the whole vocabulary), and the activations the backward pass keeps.
+  peak    = state + max(sampling, update)
+
+Activations are estimates (XLA fuses and reuses buffers); the state and the KV cache are exact.
+Rows split over the batch axes (data x fsdp) round up: a micro-batch smaller than the batch axes
+still occupies one row per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import AbstractMesh, AxisType
+
+from ac2_jax import models, sampling, sharding
+from ac2_jax.sampling import decode
+from ac2_jax.models.config import ModelConfig
+from ac2_jax.train import state as state_lib
+from ac2_jax.train import updates
+
+GiB = 1024**3
+# The data are not read: prompt lengths are assumed (FineProofs-RL and IMO-ProofBench prompts are
+# far shorter than 2,048 tokens; the built-in task's are under 128).
+PROMPT_TOKENS = {'builtin': 128, 'proofs': 2048}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The sizes a run works at, read from its config; nothing else in this module reads it."""
+  model: ModelConfig
+  model_source: str
+  mesh_shape: tuple[int, int, int]   # (data, fsdp, tensor)
+  prompt_tokens: int
+  response_budget: int
+  cut_grid: int
+  max_cut: int
+  critic_context: int
+  rows_per_step: int                 # sampled rows of one training step
+  max_sample_batch: int
+  micro_batch: int                   # actor.micro_batch (0: the whole minibatch at once)
+  update_rows: int                   # rows of one gradient micro-batch, actor or critic
+  critic_reads_per_step: int         # at most (AC2); 0 without a critic
+
+  @property
+  def max_total_len(self) -> int:    # as experiment.build computes it
+    return max(self.prompt_tokens + self.response_budget, self.critic_context)
+
+
+def plan_from_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Plan:
+  """The run's sizes; a -1 mesh axis takes `num_devices` (default: the devices present)."""
+  if c.task.name not in PROMPT_TOKENS:
+    raise ValueError(f'config.task.name must be one of {tuple(PROMPT_TOKENS)}, '
+                     f'got {c.task.name!r}')
+  hf_config = os.path.join(c.model.init_checkpoint, 'config.json')
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.dtype,
+                   attention_impl=c.model.attention_impl, remat=c.model.remat)
+  if c.model.init_checkpoint and os.path.isfile(hf_config):
+    with open(hf_config) as f:
+      model = ModelConfig.from_hf_dict(json.load(f), **overrides)
+    source = hf_config
+  else:
+    if c.task.name == 'builtin':
+      overrides['vocab_size'] = c.task.builtin_vocab_size
+    model = models.get_config(c.model.preset, **overrides)
+    source = f'preset {c.model.preset!r}'
+    if c.model.init_checkpoint:
+      source += f' ({hf_config} is not here)'
+  axes = (c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+  devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count())
+  ctl = c.controller
+  if c.algorithm == 'grpo':
+    rows = c.grpo.problems_per_step * c.grpo.group_size
+  else:
+    rows = ctl.n_refill + ctl.n_batch * ctl.group_size
+  minibatch = -(-rows // c.actor.minibatches)
+  return Plan(
+      model=model, model_source=source, mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
+      prompt_tokens=PROMPT_TOKENS[c.task.name], response_budget=ctl.response_budget,
+      cut_grid=ctl.cut_grid, max_cut=int(ctl.max_cut_fraction * ctl.response_budget),
+      critic_context=c.critic.max_context, rows_per_step=rows,
+      max_sample_batch=c.sampling.max_batch, micro_batch=c.actor.micro_batch,
+      update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
+      # Chunks routed to the critic plus one prefix value per replayed group.
+      critic_reads_per_step=ctl.n_batch * (ctl.group_size + 1) if c.algorithm == 'ac2' else 0)
+
+
+def sampler_shape(plan: Plan, batch_devices: int) -> tuple[int, int, int]:
+  """(rows, context P, new tokens C) of the largest sampler call, padded as requests.pack pads."""
+  total = plan.max_total_len
+  lengths = []
+  for cut in range(0, plan.max_cut + 1, max(plan.cut_grid, 1)):
+    context = plan.prompt_tokens + cut
+    lengths.append((sampling.bucket(context),
+                    sampling.bucket(min(plan.response_budget - cut, total - context))))
+  critic = min(plan.critic_context, total - sampling.MAX_VALUE_TOKENS)
+  lengths.append((sampling.bucket(critic), sampling.bucket(sampling.MAX_VALUE_TOKENS)))
+  P, C = max(lengths, key=sum)
+  rows = sampling.bucket(min(plan.max_sample_batch, plan.rows_per_step), 8)
+  return -(-rows // batch_devices) * batch_devices, P, C
+
+
+def _names(entry) -> tuple:
+  return entry if isinstance(entry, tuple) else (entry,)
+
+
+def _is_spec(x) -> bool:
+  return isinstance(x, jax.sharding.PartitionSpec)
+
+
+def _tree_bytes(tree, specs, mesh_sizes: dict) -> int:
+  """Bytes of the shards one device holds."""
+  total = 0
+  for leaf, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
+    shape = list(leaf.shape)
+    for i, entry in enumerate(spec):
+      if entry is not None:
+        shape[i] //= math.prod(mesh_sizes[n] for n in _names(entry))
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def _div(n: int, parts: int) -> int:
+  """Per-device size of a dimension split `parts` ways (replicated when it does not divide)."""
+  return n // parts if n % parts == 0 else n
+
+
+@dataclasses.dataclass
+class Report:
+  plan: Plan
+  num_params: int
+  memory: dict          # phase -> {item: bytes per device}
+  notes: list
+
+  @property
+  def peak_bytes(self) -> int:
+    return self.total('state') + max(self.total('sampling'), self.total('update'))
+
+  def total(self, phase: str) -> int:
+    return sum(self.memory[phase].values())
+
+  def as_dict(self) -> dict:
+    gib = lambda b: round(b / GiB, 2)
+    return {'num_params': self.num_params, 'mesh': list(self.plan.mesh_shape),
+            'memory_gib': {p: {k: gib(v) for k, v in items.items()}
+                           for p, items in self.memory.items()},
+            'peak_gib': gib(self.peak_bytes), 'notes': self.notes}
+
+  def text(self) -> str:
+    p, m = self.plan, self.plan.model
+    data, fsdp, tensor = p.mesh_shape
+    lines = [
+        f'dry run: {m.num_layers}-layer Qwen3 decoder from {p.model_source}: '
+        f'{self.num_params / 1e9:.3f} B parameters, {m.param_dtype}, attention {m.attention_impl}, '
+        f'remat {"on" if m.remat else "off"}',
+        f'mesh: data={data} fsdp={fsdp} tensor={tensor} ({data * fsdp * tensor} devices, abstract)',
+        f'lengths: prompt <= {p.prompt_tokens} (assumed), response budget {p.response_budget}, '
+        f'context + new tokens <= {p.max_total_len}',
+        'checked with jax.eval_shape: parameters, actor and critic optimizer states, one actor '
+        'and one critic update (state shapes kept), one sampler call',
+        'memory per device (GiB):']
+    for phase in ('state', 'sampling', 'update'):
+      for item, value in self.memory[phase].items():
+        lines.append(f'  {phase:8s} {item:40s} {value / GiB:8.2f}')
+      lines.append(f'  {phase:8s} {"= total":40s} {self.total(phase) / GiB:8.2f}')
+    lines.append(f'  {"peak":8s} {"= state + max(sampling, update)":40s} '
+                 f'{self.peak_bytes / GiB:8.2f}')
+    lines += [f'note: {n}' for n in self.notes]
+    lines.append('dry run summary (JSON): ' + json.dumps(self.as_dict()))
+    return '\n'.join(lines)
+
+
+def run(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Report:
+  """Checks and estimates `c` without loading, downloading or writing anything."""
+  plan = plan_from_config(c, num_devices)
+  mesh = AbstractMesh(plan.mesh_shape, sharding.AXES, axis_types=(AxisType.Auto,) * 3)
+  notes = []
+  state, num_params = _check_shapes(plan, mesh, notes)
+  return Report(plan, num_params, _memory(plan, state, mesh, notes), notes)
+
+
+def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
+  """Traces init, one actor and one critic update and one sampler call; returns the train state
+  as the run holds it after its first update (ShapeDtypeStructs) and the parameter count."""
+  m = plan.model
+  # Off accelerators the Pallas kernels trace through their interpreter: the same shapes.
+  traced = m.replace(pallas_interpret=m.attention_impl == 'pallas'
+                     and jax.default_backend() == 'cpu')
+  optim = state_lib.OptimSettings()
+  params = jax.eval_shape(lambda: models.init_params(traced, jax.random.key(0)))
+  state = jax.eval_shape(functools.partial(state_lib.init_state, settings=optim), params)
+  unsplit = _unsplit_leaves(params, mesh)
+  if unsplit:
+    notes.append(f'replicated because a dimension does not divide its mesh axes: {unsplit}')
+
+  # The actor traces the micro-batch scan as configured (two micro-batches); the critic one
+  # micro-batch: the same forward and backward, and a 36-layer trace costs seconds.
+  T_actor = sampling.bucket(plan.prompt_tokens + plan.response_budget)
+  T_critic = sampling.bucket(plan.critic_context + sampling.MAX_VALUE_TOKENS)
+  rows = max(plan.micro_batch, 1)
+  actor_batch = updates.ActorBatch(_sds((2 * rows, T_actor), jnp.int32),
+                                   *[_sds((2 * rows, T_actor), jnp.float32)] * 3)
+  critic_batch = updates.CriticBatch(_sds((rows, T_critic), jnp.int32),
+                                     _sds((rows, T_critic), jnp.float32),
+                                     _sds((rows,), jnp.float32))
+  settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.micro_batch)
+  for name, fn, batch, micro in (('actor', updates.actor_update, actor_batch, plan.micro_batch),
+                                 ('critic', updates.critic_update, critic_batch, 0)):
+    step = functools.partial(fn, dataclasses.replace(settings, micro_batch=micro))
+    new_state, _ = jax.eval_shape(step, state, batch, _sds((), jnp.float32))
+    before, after = jax.tree.leaves(state), jax.tree.leaves(new_state)
+    if (jax.tree.structure(new_state) != jax.tree.structure(state)
+        or any(a.shape != b.shape for a, b in zip(before, after))):
+      raise ValueError(f'the {name} update changes the shapes of the train state')
+    changed = sorted({f'{a.dtype} -> {b.dtype}' for a, b in zip(before, after)
+                      if a.dtype != b.dtype})
+    if changed:
+      # The run holds the wider dtype from its second step on (and compiles the step again).
+      notes.append(f'the {name} update changes dtypes in the train state ({", ".join(changed)}); '
+                   f'the memory counts the wider dtype')
+      state = jax.tree.map(lambda a, b: a if a.dtype.itemsize >= b.dtype.itemsize else b,
+                           state, new_state)
+
+  batch_devices = mesh.shape['data'] * mesh.shape['fsdp']
+  B, P, C = sampler_shape(plan, batch_devices)
+  decode_call = functools.partial(decode.decode_batch, config=traced,
+                                  settings=sampling.SamplingSettings(0.8), stop_ids=(0,),
+                                  max_new=C)
+  tokens_BxC = jax.eval_shape(decode_call, params, jax.random.key(0), _sds((B, P), jnp.int32),
+                              *[_sds((B,), jnp.int32)] * 3)[0]
+  if tokens_BxC.shape != (B, C):
+    raise ValueError(f'sampler output {tokens_BxC.shape}, expected {(B, C)}')
+  if plan.max_total_len > m.max_position_embeddings:
+    notes.append(f'context + new tokens reach {plan.max_total_len} > the model\'s '
+                 f'max_position_embeddings {m.max_position_embeddings} (the preset\'s; a '
+                 f'checkpoint such as Qwen3-4B-Thinking-2507 declares 262144)')
+  return state, sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+
+def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
+  """Bytes per device by phase (see the module docstring)."""
+  m = plan.model
+  sizes = dict(mesh.shape)
+  batch_devices = sizes['data'] * sizes['fsdp']
+  act = jnp.dtype(m.dtype).itemsize
+  heads, kv_heads = _div(m.num_heads, sizes['tensor']), _div(m.num_kv_heads, sizes['tensor'])
+  ffn, vocab = _div(m.intermediate_size, sizes['tensor']), _div(m.vocab_size, sizes['tensor'])
+  kv_per_token = 2 * m.num_layers * kv_heads * m.head_dim * act
+  specs = sharding.param_partition_specs(state, mesh)
+  memory = {'state': {
+      'parameters': _tree_bytes(state.params, specs.params, sizes),
+      'actor optimizer (AdamW mu, nu)': _tree_bytes(state.actor_opt_state,
+                                                    specs.actor_opt_state, sizes),
+      'critic optimizer (Adam mu, nu)': _tree_bytes(state.critic_opt_state,
+                                                    specs.critic_opt_state, sizes),
+  }}
+
+  B, P, C = sampler_shape(plan, batch_devices)
+  rows = B // batch_devices
+  memory['sampling'] = {
+      f'KV cache: {rows} rows x {P + C} tokens': rows * (P + C) * kv_per_token,
+      'prefill MLP, one layer': 3 * rows * P * ffn * act,
+  }
+  if m.attention_impl == 'xla':
+    memory['sampling']['prefill attention scores (xla), one layer'] = rows * heads * P * (P + C) * 4
+
+  T = sampling.bucket(max(plan.prompt_tokens + plan.response_budget,
+                          plan.critic_context + sampling.MAX_VALUE_TOKENS))
+  rows = -(-plan.update_rows // batch_devices)
+  kept_per_token = m.hidden_size if m.remat else 4 * m.hidden_size + 3 * ffn
+  memory['update'] = {
+      'gradients' + (' + accumulator' if plan.micro_batch else ''):
+          memory['state']['parameters'] * (2 if plan.micro_batch else 1),
+      f'logits f32 x2: {rows} rows x {T} x {vocab}': 2 * rows * T * vocab * 4,
+      ('remat checkpoints' if m.remat else 'activations for backward'):
+          m.num_layers * rows * T * kept_per_token * act,
+  }
+  if m.attention_impl == 'xla':
+    memory['update']['attention scores (xla), one layer'] = rows * heads * T * T * 4
+
+  if plan.critic_reads_per_step > B:
+    # algorithms/rollouts.critic_reads hands all of a step's reads to one sampler call.
+    reads = -(-sampling.bucket(plan.critic_reads_per_step, 8) // batch_devices)
+    context = sampling.bucket(min(plan.critic_context,
+                                  plan.max_total_len - sampling.MAX_VALUE_TOKENS))
+    read_kv = reads * (context + sampling.bucket(sampling.MAX_VALUE_TOKENS)) * kv_per_token
+    notes.append(f'critic reads are not split by sampling.max_batch: one call of up to '
+                 f'{plan.critic_reads_per_step} reads needs a KV cache of {read_kv / GiB:.1f} '
+                 f'GiB per device (not counted above)')
+  if plan.micro_batch and plan.micro_batch < batch_devices:
+    notes.append(f'actor.micro_batch={plan.micro_batch} < data*fsdp={batch_devices}: some '
+                 f'devices hold padding rows in each micro-batch')
+  return memory
+
+
+def _unsplit_leaves(params, mesh) -> list[str]:
+  """Parameters whose rule splits a dimension the mesh cannot split evenly (so it is replicated)."""
+  wanted = jax.tree_util.tree_leaves_with_path(sharding.param_partition_specs(params),
+                                               is_leaf=_is_spec)
+  fitted = jax.tree.leaves(sharding.param_partition_specs(params, mesh), is_leaf=_is_spec)
+  names = []
+  for (path, want), got in zip(wanted, fitted):
+    if any(w is not None and g is None and math.prod(mesh.shape[n] for n in _names(w)) > 1
+           for w, g in zip(want, got)):
+      names.append(sharding.path_str(path))
+  return names
+
