@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 from typing import Any, Optional, Sequence
 
 import jax
@@ -36,8 +35,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ac2_jax import sharding
-
-logger = logging.getLogger(__name__)
 
 
 def start(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
