@@ -1,5 +1,6 @@
 """Faults that must not stop a run: a non-finite loss skips its update and is logged, a judge outage
-becomes invalid grades counted in the metrics; and a misspelt --config key stops the launcher early."""
+becomes invalid grades counted in the metrics, critic pairs over the context limit are skipped and
+counted; and a misspelt --config key stops the launcher early."""
 
 import os
 import subprocess
@@ -123,7 +124,7 @@ class OutageTask(builtin.BuiltinTask):
     return grades
 
 
-def test_judge_outage_becomes_invalid_grades(train_base, tmp_path, monkeypatch):
+def test_judge_outage_and_long_critic_pairs_do_not_stop_the_run(train_base, tmp_path, monkeypatch):
   tasks = []
   real_build_task = experiment.build_task
 
@@ -133,7 +134,9 @@ def test_judge_outage_becomes_invalid_grades(train_base, tmp_path, monkeypatch):
     return tasks[-1], tok
 
   monkeypatch.setattr(experiment, 'build_task', build_task)
-  c = tiny_config(train_base, 'ac2', num_steps=2)
+  # critic.max_context=0: the context limit is the prompt plus the response budget, shorter than
+  # any critic prompt (which adds the critic's instruction to the response).
+  c = tiny_config(train_base, 'ac2', num_steps=2, critic__max_context=0)
   summary = loop.train(c, str(tmp_path), log=lambda *_: None)
   assert summary.last_step == 2 and len(tasks) == 1
   records = read_records(str(tmp_path))
@@ -148,6 +151,9 @@ def test_judge_outage_becomes_invalid_grades(train_base, tmp_path, monkeypatch):
   for step in (1, 2):
     assert records[step]['actor1/skipped'] == 0.0 and records[step]['actor2/skipped'] == 0.0
     assert is_finite_number(records[step]['reward/judged_mean'])
+    assert records[step]['critic/pairs'] == 0 and records[step]['critic/skipped_context'] > 0
+  # Critic reads of too-long contexts (values at prefixes) come back invalid, not as errors.
+  assert sum(records[step]['critic_reads_invalid'] for step in (1, 2)) > 0
   assert is_finite_number(summary.final_score)
 
 

@@ -1,5 +1,5 @@
-"""Resume: a run stopped (after a step, and by SIGTERM) and restarted from its workdir writes the same
-metrics and ends with exactly the same state as a run that was never interrupted.
+"""Resume: a run stopped (after a step, and by SIGTERM) and restarted from its workdir writes the
+same metrics and ends with exactly the same state as a run that was never interrupted.
 
 The runs score with `LengthCreditTask`, so the actor updates follow real (nonzero) advantages."""
 

@@ -2,9 +2,9 @@
 SFT warm start per test session, a compilation cache for the repeated builds, and a task variant
 with varied rewards.
 
-Pytest caches a session fixture per module that imports it, so `train_base` keeps its work in a fixed
-directory under the session's base temp dir: the tfds build and the SFT run are cached there (SFT by
-its settings key), and a second test file reuses them instead of training again.
+Pytest caches a session fixture per module that imports it, so `train_base` keeps its work in a
+fixed directory under the session's base temp dir: the tfds build and the SFT run are cached there
+(SFT by its settings key), and a second test file reuses them instead of training again.
 
 The warm start is a 2-layer `tiny` model (the SFT code of the trainer, 3 steps): every run of these
 tests compiles the actor and critic updates afresh, and XLA compile time grows with depth.
