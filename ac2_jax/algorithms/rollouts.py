@@ -109,7 +109,8 @@ def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
   fits = [c for c, long in zip(contexts, too_long) if not long]
   replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
                                         stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
-                                        max_total_len=rt.max_total_len) if fits else [])
+                                        max_total_len=rt.max_total_len,
+                                        max_batch=rt.max_sample_batch) if fits else [])
   values = []
   for long in too_long:
     values.append(None if long else critic.parse_value(rt.tokenizer.decode(

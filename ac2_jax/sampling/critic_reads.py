@@ -25,8 +25,8 @@ MAX_VALUE_TOKENS = 4
 
 def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *,
                   stop_ids: Sequence[int], max_new_tokens: int = MAX_VALUE_TOKENS,
-                  mesh: Mesh | None = None,
-                  max_total_len: int | None = None) -> list[np.ndarray]:
+                  mesh: Mesh | None = None, max_total_len: int | None = None,
+                  max_batch: int | None = None) -> list[np.ndarray]:
   """Greedy continuation of each context: at most `max_new_tokens` new tokens, cut at a stop token.
 
   Returns one int32 array per context; a stop token that ended it is its last entry.
@@ -36,7 +36,7 @@ def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *
                      f'got {max_new_tokens}')
   out = sampler.generate(config, params, contexts, max_new_tokens,
                          SamplingSettings.greedy_decoding(), jax.random.key(0), stop_ids,
-                         mesh=mesh, max_total_len=max_total_len)
+                         mesh=mesh, max_total_len=max_total_len, max_batch=max_batch)
   return out.tokens_list()
 
 

@@ -37,6 +37,7 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
   data_dir = c.task.data_dir or os.path.join(workdir, 'data')
   if c.task.name == 'builtin':
     settings = builtin.ChainSettings(steps=c.task.builtin_steps, modulus=c.task.builtin_modulus,
+                                     ops=c.task.builtin_ops,
                                      num_train=c.task.builtin_num_train,
                                      num_validation=c.task.builtin_num_validation, seed=c.seed)
     return builtin_tfds.build_builtin(data_dir, settings, vocab_size=c.task.builtin_vocab_size)
@@ -83,8 +84,9 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
   settings = sft_lib.SFTSettings(steps=c.sft.steps, batch_size=c.sft.batch_size,
                                  seq_len=c.sft.seq_len, learning_rate=c.sft.learning_rate,
                                  warmup_steps=c.sft.warmup_steps, mistake_rate=c.sft.mistake_rate,
-                                 seed=c.seed)
+                                 step_mistake_rate=c.sft.step_mistake_rate, seed=c.seed)
   examples = builtin_sft.sft_examples(task, tok, mistake_rate=settings.mistake_rate,
+                                      step_mistake_rate=settings.step_mistake_rate,
                                       seed=c.seed, epochs=None)
   return sft_lib.run_sft(model_config, settings, examples, os.path.join(workdir, 'sft'),
                          data_key=task.name + repr(task.settings), log=log)

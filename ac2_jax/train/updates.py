@@ -76,6 +76,13 @@ def _accumulate(loss_fn: Callable, params, batch, micro_batch: int):
   return loss_sum, count, sums, grads
 
 
+def _token_mean(loss_sum, count, grads):
+  """Divides by the count; gradients keep their parameters' dtype (bf16 Adam moments stay bf16,
+  so the update never recompiles and a resumed run restores exactly what it saved)."""
+  denom = jnp.maximum(count, 1.0)
+  return loss_sum / denom, jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
+
+
 def _apply(optimizer, params, opt_state, grads, loss, scale=None):
   """One optimiser step, or none when anything is non-finite. Returns (params, opt_state, metrics)."""
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -105,9 +112,7 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
     return loss_sum, (count, sums)
 
   loss_sum, count, sums, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
-  denom = jnp.maximum(count, 1.0)
-  loss = loss_sum / denom
-  grads = jax.tree.map(lambda g: g / denom, grads)
+  loss, grads = _token_mean(loss_sum, count, grads)
   optimizer = state_lib.actor_optimizer(settings.optim)
   params, opt_state, metrics = _apply(optimizer, state.params, state.actor_opt_state, grads, loss)
   metrics = {'loss': loss, 'tokens': count, **policy_loss.finalize_metrics(sums, count), **metrics}
@@ -125,9 +130,7 @@ def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: 
     return loss_sum, (count, {})
 
   loss_sum, count, _, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
-  denom = jnp.maximum(count, 1.0)
-  loss = loss_sum / denom
-  grads = jax.tree.map(lambda g: g / denom, grads)
+  loss, grads = _token_mean(loss_sum, count, grads)
   optimizer = state_lib.critic_optimizer(settings.optim)
   params, opt_state, metrics = _apply(optimizer, state.params, state.critic_opt_state, grads, loss,
                                       scale=lr)
