@@ -80,6 +80,14 @@ def test_one_step(train_base, tmp_path, name, arg):
   if arg:
     key, value = VARIANT_SWITCH[arg]
     assert written['controller'][key] == value
+  # What a first step shows of the variants (the others act once problems become ready).
+  n_refill = c.controller.n_refill
+  if name == 'ac2' and arg == 'stale_buffer':  # the whole buffer collected at once
+    assert record['num_refills'] == record['buffer_size'] == n_refill * c.controller.stale_factor
+  elif name == 'ac2' and arg == 'correct_only':  # a 3-step warm start passes nothing
+    assert record['num_refills'] == n_refill and record['buffer_size'] == 0
+  elif name in ('ac2', 'prefix_grpo'):
+    assert record['num_refills'] == record['buffer_size'] == n_refill
 
 
 def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
