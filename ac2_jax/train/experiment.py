@@ -116,7 +116,8 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print):
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
       dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch)
   # Contexts are the prompt plus at most the response budget; critic prompts may be longer.
-  longest_prompt = max(len(task.prompt_ids(tok, r)) for r in task.records('train'))
+  longest_prompt = max(len(task.prompt_ids(tok, r))
+                       for split in ('train', 'validation') for r in task.records(split))
   max_total_len = max(longest_prompt + ctl_settings.response_budget, c.critic.max_context)
   rt = runtime_lib.Runtime(
       model_config=model_config, tokenizer=tok, task=task, mesh=mesh,
