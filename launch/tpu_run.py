@@ -11,7 +11,7 @@ with `jax.eval_shape` on any CPU, without starting the cluster, loading or writi
 See docs/tpu.md and docs/gpu.md.
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ac2_jax.train import distributed, dry_run, loop
@@ -29,6 +29,7 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # tfds logs every shard it writes at INFO
   config = _CONFIG.value
   if config.dry_run:  # no cluster is started: the mesh is abstract
     print(dry_run.run(config).text())
