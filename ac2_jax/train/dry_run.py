@@ -300,15 +300,6 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
   if m.attention_impl == 'xla':
     memory['update']['attention scores (xla), one layer'] = rows * heads * T * T * 4
 
-  if plan.critic_reads_per_step > B:
-    # algorithms/rollouts.critic_reads hands all of a step's reads to one sampler call.
-    reads = -(-sampling.bucket(plan.critic_reads_per_step, 8) // batch_devices)
-    context = sampling.bucket(min(plan.critic_context,
-                                  plan.max_total_len - sampling.MAX_VALUE_TOKENS))
-    read_kv = reads * (context + sampling.bucket(sampling.MAX_VALUE_TOKENS)) * kv_per_token
-    notes.append(f'critic reads are not split by sampling.max_batch: one call of up to '
-                 f'{plan.critic_reads_per_step} reads needs a KV cache of {read_kv / GiB:.1f} '
-                 f'GiB per device (not counted above)')
   if plan.micro_batch and plan.micro_batch < batch_devices:
     notes.append(f'actor.micro_batch={plan.micro_batch} < data*fsdp={batch_devices}: some '
                  f'devices hold padding rows in each micro-batch')
