@@ -118,7 +118,19 @@ _SP_CONTROL = (IM_START, IM_END, END_OF_TEXT)
 _SP_ALWAYS_SYMBOLS = ('\n', THINK_OPEN, THINK_CLOSE)
 
 
-class SentencePieceTokenizer:
+class _ChatIds:
+  """Padding and end-of-turn ids by their Qwen3 spellings, for tokenizers with `token_id`."""
+
+  @property
+  def pad_id(self) -> int:
+    return self.token_id(END_OF_TEXT)
+
+  @property
+  def eos_id(self) -> int:
+    return self.token_id(IM_END)
+
+
+class SentencePieceTokenizer(_ChatIds):
   """A SentencePiece model with the chat special tokens (the built-in task's tokenizer).
 
   Models come from `train`, which declares `<|im_start|>`, `<|im_end|>` and `<|endoftext|>` as
@@ -203,14 +215,6 @@ class SentencePieceTokenizer:
   def vocab_size(self) -> int:
     return self._sp.get_piece_size()
 
-  @property
-  def pad_id(self) -> int:
-    return self.token_id(END_OF_TEXT)
-
-  @property
-  def eos_id(self) -> int:
-    return self.token_id(IM_END)
-
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
 
@@ -239,7 +243,7 @@ class SentencePieceTokenizer:
     return i
 
 
-class HFTokenizer:
+class HFTokenizer(_ChatIds):
   """A Hugging Face `tokenizer.json` (Qwen3 checkpoints), through the `tokenizers` package.
 
   Special ids are looked up by spelling. Tokens marked special in the file (`<|im_start|>`,
@@ -267,14 +271,6 @@ class HFTokenizer:
   @property
   def vocab_size(self) -> int:
     return self._vocab_size
-
-  @property
-  def pad_id(self) -> int:
-    return self.token_id(END_OF_TEXT)
-
-  @property
-  def eos_id(self) -> int:
-    return self.token_id(IM_END)
 
   def encode(self, text: str) -> list[int]:
     return list(self._tok.encode(text, add_special_tokens=False).ids)
