@@ -48,6 +48,16 @@ def _num_blocks_seen(last_R, block: int, num_blocks: int):
   return jnp.minimum(lax.div(jnp.max(last_R) + block, jnp.int32(block)), num_blocks)
 
 
+def _key_block(j, block_k: int, q_QxD, k_ref, v_ref, segk_ref, last_Q, seg_Q, scale: float):
+  """Keys, values, scaled scores and visibility of key block j for a block of queries."""
+  start = j * block_k
+  k_KxD = k_ref[pl.ds(start, block_k), :]
+  v_KxD = v_ref[pl.ds(start, block_k), :]
+  s_QxK = lax.dot_general(q_QxD, k_KxD, _NT, preferred_element_type=jnp.float32) * scale
+  seg_K = None if segk_ref is None else segk_ref[pl.ds(start, block_k)]
+  return k_KxD, v_KxD, s_QxK, visible(start, last_Q, block_k, seg_Q, seg_K)
+
+
 def _forward_kernel(*refs, scale: float, block_k: int, segmented: bool):
   if segmented:
     q_ref, k_ref, v_ref, last_ref, segq_ref, segk_ref, o_ref, lse_ref = refs
@@ -61,12 +71,8 @@ def _forward_kernel(*refs, scale: float, block_k: int, segmented: bool):
 
   def body(j, carry):
     acc_QxD, max_Q, sum_Q = carry
-    start = j * block_k
-    k_KxD = k_ref[pl.ds(start, block_k), :]
-    v_KxD = v_ref[pl.ds(start, block_k), :]
-    s_QxK = lax.dot_general(q_QxD, k_KxD, _NT, preferred_element_type=jnp.float32) * scale
-    seg_K = None if segk_ref is None else segk_ref[pl.ds(start, block_k)]
-    mask_QxK = visible(start, last_Q, block_k, seg_Q, seg_K)
+    k_KxD, v_KxD, s_QxK, mask_QxK = _key_block(j, block_k, q_QxD, k_ref, v_ref, segk_ref, last_Q,
+                                               seg_Q, scale)
     new_max_Q = jnp.maximum(max_Q, jnp.max(jnp.where(mask_QxK, s_QxK, NEG), axis=1))
     p_QxK = jnp.where(mask_QxK, jnp.exp(s_QxK - new_max_Q[:, None]), 0.0)
     rescale_Q = jnp.exp(max_Q - new_max_Q)
@@ -135,12 +141,8 @@ def _dq_kernel(*refs, scale: float, block_k: int, segmented: bool):
   last_Q = last_ref[...]
 
   def body(j, dq_QxD):
-    start = j * block_k
-    k_KxD = k_ref[pl.ds(start, block_k), :]
-    v_KxD = v_ref[pl.ds(start, block_k), :]
-    s_QxK = lax.dot_general(q_QxD, k_KxD, _NT, preferred_element_type=jnp.float32) * scale
-    seg_K = None if segk_ref is None else segk_ref[pl.ds(start, block_k)]
-    mask_QxK = visible(start, last_Q, block_k, seg_Q, seg_K)
+    k_KxD, v_KxD, s_QxK, mask_QxK = _key_block(j, block_k, q_QxD, k_ref, v_ref, segk_ref, last_Q,
+                                               seg_Q, scale)
     p_QxK = jnp.where(mask_QxK, jnp.exp(s_QxK - lse_Q[:, None]), 0.0)
     dp_QxK = lax.dot_general(do_QxD, v_KxD, _NT, preferred_element_type=jnp.float32)
     ds_QxK = p_QxK * (dp_QxK - delta_Q[:, None])
