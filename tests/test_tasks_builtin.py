@@ -258,3 +258,68 @@ def test_sft_mistake_rate(built):
   assert sum(1 for _ in zip(range(2 * len(records) + 5), forever)) == 2 * len(records) + 5
   with pytest.raises(ValueError, match='mistake_rate'):
     next(builtin_sft.sft_examples(task, tok, mistake_rate=1.5))
+
+
+def test_sft_clean_first(built):
+  _, task, tok = built
+  records = {tuple(task.prompt_ids(tok, r)): r for r in task.records('train')}
+  stream = builtin_sft.sft_examples(task, tok, mistake_rate=0.0, step_mistake_rate=0.5, seed=0,
+                                    clean_first=100)
+  points = [task.score(records[tuple(p.tolist())], tok.decode(r)).points
+            for p, r in list(stream)[:300]]
+  assert all(p == 7 for p in points[:100])
+  # Half of the steps wrong: (1/2) ** 8 of the later solutions are right.
+  assert np.mean([p == 7 for p in points[100:]]) < 0.05
+  with pytest.raises(ValueError, match='clean_first'):
+    next(builtin_sft.sft_examples(task, tok, mistake_rate=0.0, clean_first=-1))
+
+
+def test_prefix_value_by_hand():
+  truth = PROBLEM.values()
+  right = builtin.response_text(PROBLEM, truth)
+
+  def value(text, q, values=truth):
+    return builtin_sft.prefix_value(PROBLEM, values, text, q) * 7
+
+  # Nothing written, every step right with probability 1 or 0.
+  assert value('', 1.0) == pytest.approx(7) and value('', 0.0) == pytest.approx(0)
+  # q = 1/2 from the start: c = g with probability 2^-(g+1), c = 8 with 2^-8; points floor(6c/8).
+  pts = [(6 * c) // 8 for c in range(8)]
+  expected = sum(0.5 ** (g + 1) * pts[g] for g in range(8)) + 0.5 ** 8 * 7
+  assert value('', 0.5) == pytest.approx(expected)
+  # Three right lines written (the third without its line break yet): c >= 3.
+  three = right[:right.index('11\n') + 2]
+  assert three.endswith('9+2=11')
+  expected3 = sum(0.5 ** (g + 1) * pts[3 + g] for g in range(5)) + 0.5 ** 5 * 7
+  assert value(three, 0.5) == pytest.approx(expected3)
+  # '9+2=1' is not yet a complete line (the true value has two digits): c >= 2 only.
+  expected2 = sum(0.5 ** (g + 1) * pts[2 + g] for g in range(6)) + 0.5 ** 6 * 7
+  assert value(three[:-1], 0.5) == pytest.approx(expected2)
+  # A wrong third value fixes the credit at two lines whatever follows.
+  wrong = builtin.written_values(PROBLEM, 2, 12)
+  text = builtin.response_text(PROBLEM, wrong)
+  assert value(text[:text.index('=12') + 3], 0.9, wrong) == pytest.approx(pts[2])
+  assert value(text, 0.9, wrong) == pytest.approx(pts[2])
+  assert value(right, 0.0) == pytest.approx(7)
+
+
+def test_critic_examples_frame_the_critic_prompt(built):
+  from ac2_jax import critic
+  _, task, tok = built
+  stream = builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=1)
+  targets, with_reference = [], 0
+  for _, (context, target) in zip(range(200), stream):
+    text = tok.decode(context.tolist())
+    assert text.endswith(critic.prompt.ANSWER_STEM)
+    assert text.startswith('<|im_start|>user\nStart at ')
+    with_reference += 'Compare with a correct solution' in text
+    assert target[-1] == tok.eos_id
+    targets.append(critic.parse_value(tok.decode(target[:-1].tolist())))
+  assert None not in targets
+  assert 60 < with_reference < 140
+  # Both ends of the grid occur: early cuts with luck ahead, and cuts after a mistake.
+  assert min(targets) == 0.0 and max(targets) >= 0.7
+  # The same seed gives the same stream.
+  a, b = (next(builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=1))
+          for _ in range(2))
+  assert (a[0] == b[0]).all() and (a[1] == b[1]).all()

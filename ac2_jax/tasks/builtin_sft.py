@@ -1,11 +1,12 @@
 """The built-in task's text corpora: worked solutions for the supervised warm start, with injected
 mistakes, and the text the built-in SentencePiece tokenizer is trained on.
 
-The warm start's starting accuracy is set by two knobs: `mistake_rate` (the share of training
-solutions that carry one wrong intermediate value, after which the chain continues correctly from
-the wrong value, so the answer is wrong too) and how long the warm start runs. A `tiny` model that
-imitates the corpus perfectly solves about 1 - mistake_rate of the problems; stopped early it
-solves fewer (BUILTIN_TASK_NOTES.md: accuracy rises steeply with steps).
+The warm start's starting accuracy is set by the mistakes in its corpus: `step_mistake_rate` (each
+worked step independently wrong, the solver carrying on from what it wrote) or `mistake_rate` (the
+share of solutions with exactly one wrong value). A `tiny` model learns the arithmetic in a sudden
+transition (a few hundred steps in), and it gets there sooner on correct solutions, so the stream
+can begin with `clean_first` correct ones and bring the mistakes in afterwards: the model then
+learns the arithmetic first and the mistake rate second.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ac2_jax import tokenization
+from ac2_jax import critic, tokenization
 from ac2_jax.tasks import builtin
 
 
@@ -62,12 +63,13 @@ def response_ids(tok: tokenization.Tokenizer, problem: builtin.ChainProblem,
 
 def sft_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
                  mistake_rate: float, step_mistake_rate: float = 0.0, seed: int = 0,
-                 split: str = 'train', epochs: int | None = 1
+                 split: str = 'train', epochs: int | None = 1, clean_first: int = 0
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(prompt_ids, response_ids) int32 arrays of worked solutions, in a seeded order.
 
   Each epoch visits every problem of `split` once in a fresh permutation, drawing fresh mistakes.
-  `epochs=None` repeats forever. The same arguments give the same stream.
+  The first `clean_first` solutions of the stream carry no mistakes. `epochs=None` repeats
+  forever. The same arguments give the same stream.
   """
   records = task.records(split)
   if not records:
@@ -76,15 +78,74 @@ def sft_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
     raise ValueError(f'mistake_rate must lie in [0, 1], got {mistake_rate}')
   if epochs is not None and epochs < 1:
     raise ValueError(f'epochs must be >= 1 or None, got {epochs}')
+  if clean_first < 0:
+    raise ValueError(f'clean_first must be >= 0, got {clean_first}')
   rng = np.random.default_rng(seed)
   problems = [builtin.parse_problem(r.prompt) for r in records]
   prompts = [np.asarray(task.prompt_ids(tok, r), np.int32) for r in records]
-  epoch = 0
+  epoch, n = 0, 0
   while epochs is None or epoch < epochs:
     for i in rng.permutation(len(records)):
-      values = sample_values(problems[i], rng, mistake_rate, step_mistake_rate)
+      clean = n < clean_first
+      values = sample_values(problems[i], rng, 0.0 if clean else mistake_rate,
+                             0.0 if clean else step_mistake_rate)
       yield prompts[i], np.asarray(response_ids(tok, problems[i], values), np.int32)
+      n += 1
     epoch += 1
+
+
+def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: str,
+                 step_correct: float) -> float:
+  """Expected points / 7 for finishing a worked solution whose first characters are `prefix_text`.
+
+  `values` are the values the solution writes (the prefix is a prefix of its text); each step not
+  yet written is right with probability `step_correct`, and the first wrong one ends the credit,
+  as in `sample_values`. A line counts as written once its value is complete.
+  """
+  k = problem.steps
+  true_lines = builtin.steps_text(problem, problem.values()).split('\n')
+  own_lines = builtin.steps_text(problem, values).split('\n')
+  *written, last = prefix_text.partition(tokenization.THINK_CLOSE)[0].split('\n')
+  if len(written) < k and last == own_lines[len(written)]:
+    written.append(last)  # the value is written, only the line break is missing
+  written = written[:k]
+  correct = 0
+  while correct < len(written) and written[correct] == true_lines[correct]:
+    correct += 1
+
+  def points(c):
+    return (6 * c) // k + int(c == k)
+
+  if correct < len(written):
+    return points(correct) / 7
+  left = k - correct
+  expected = sum(step_correct ** g * (1 - step_correct) * points(correct + g) for g in range(left))
+  return (expected + step_correct ** left * points(k)) / 7
+
+
+def critic_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
+                    step_mistake_rate: float, seed: int = 0
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """(critic context ids, value target ids) pairs that teach the critic's answer format, forever.
+
+  A worked solution of the warm-start corpus is cut at a random token, framed as the critic reads
+  it (half of the time with the reference solution), and labelled with `prefix_value` rounded to
+  the grid: the value of the state under the corpus's own mistake rate.
+  """
+  records = task.records('train')
+  rng = np.random.default_rng(seed)
+  while True:
+    record = records[int(rng.integers(len(records)))]
+    problem = builtin.parse_problem(record.prompt)
+    values = sample_values(problem, rng, 0.0, step_mistake_rate)
+    response = response_ids(tok, problem, values)
+    prefix = response[:int(rng.integers(len(response)))]
+    reference = record.reference_solution if rng.random() < 0.5 else None
+    context = critic.critic_context_ids(tok, task.prompt_ids(tok, record), prefix,
+                                        instruction_text=task.critic_instruction(reference))
+    value = prefix_value(problem, values, tok.decode(prefix), 1.0 - step_mistake_rate)
+    yield (np.asarray(context, np.int32),
+           np.asarray(critic.value_target_ids(tok, critic.round_to_grid(value)), np.int32))
 
 
 def tokenizer_corpus(task: builtin.BuiltinTask, *, max_problems: int = 4000, seed: int = 0
