@@ -92,7 +92,9 @@ def test_one_step(train_base, tmp_path, name, arg):
 
 def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
   """No init_checkpoint: the run starts from an SFT warm start cached in WORKDIR/sft."""
-  c = tiny_config(train_base, 'ac2', model__init_checkpoint='', sft__steps=2)
+  # Step 1 on correct solutions, step 2 on solutions with mistakes, step 3 on critic prompts.
+  c = tiny_config(train_base, 'ac2', model__init_checkpoint='', sft__steps=3, sft__clean_steps=1,
+                  sft__critic_every=2, sft__critic_batch_size=4)
   task, tok = experiment.build_task(c, str(tmp_path), None)
   messages = []
   first = experiment.initial_checkpoint(c, str(tmp_path), task, tok, log=messages.append)
@@ -100,12 +102,15 @@ def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
   assert os.path.isfile(os.path.join(first, 'config.json'))
   with open(os.path.join(first, sft_lib.DONE_FILE)) as f:
     done = json.load(f)
-  assert done['steps'] == 2 and is_finite_number(done['final_loss'])
+  assert done['steps'] == 3 and is_finite_number(done['final_loss'])
+  critic_loss = float(messages[-1].split('critic loss ')[1].split()[0])
+  assert 0 < critic_loss < 20, messages
   assert not any('reusing' in m for m in messages)
   again = experiment.initial_checkpoint(c, str(tmp_path), task, tok, log=messages.append)
   assert again == first and any('reusing' in m for m in messages)
   # Other settings (here only the data: the compiled step is the same) train again.
   c.sft.mistake_rate = 0.5
+  c.sft.critic_every = 0
   messages.clear()
   experiment.initial_checkpoint(c, str(tmp_path), task, tok, log=messages.append)
   assert not any('reusing' in m for m in messages)

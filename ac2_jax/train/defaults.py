@@ -56,13 +56,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.judge.timeout_s = 600.0
 
   c.sft = ml_collections.ConfigDict()  # warm start on the built-in task's worked solutions
-  c.sft.steps = 700
+  c.sft.steps = 560
   c.sft.batch_size = 32
-  c.sft.seq_len = 144
+  c.sft.seq_len = 112              # a K=8, p=7 prompt + solution is 104 tokens
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 30
   c.sft.mistake_rate = 0.0         # share of worked solutions with one injected mistake
   c.sft.step_mistake_rate = 0.25   # each worked step independently wrong: sets the start accuracy
+  c.sft.clean_steps = 420          # correct solutions first: the arithmetic is learned sooner
+  c.sft.critic_every = 4           # then every 4th step teaches the critic's answer format
+  c.sft.critic_batch_size = 16
+  c.sft.critic_seq_len = 256
 
   c.controller = ml_collections.ConfigDict()  # ac2_jax.controller.ControllerSettings fields
   c.controller.group_size = 8

@@ -81,15 +81,18 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
   if c.task.name != 'builtin':
     raise ValueError('only the built-in task has an SFT warm start; set config.model.init_checkpoint')
   model_config = models.get_config(c.model.preset, vocab_size=tok.vocab_size)
-  settings = sft_lib.SFTSettings(steps=c.sft.steps, batch_size=c.sft.batch_size,
-                                 seq_len=c.sft.seq_len, learning_rate=c.sft.learning_rate,
-                                 warmup_steps=c.sft.warmup_steps, mistake_rate=c.sft.mistake_rate,
-                                 step_mistake_rate=c.sft.step_mistake_rate, seed=c.seed)
-  examples = builtin_sft.sft_examples(task, tok, mistake_rate=settings.mistake_rate,
-                                      step_mistake_rate=settings.step_mistake_rate,
-                                      seed=c.seed, epochs=None)
+  try:
+    settings = sft_lib.SFTSettings(**c.sft.to_dict(), seed=c.seed)
+  except TypeError as e:
+    raise ValueError(f'config.sft: {e}') from None
+  examples = builtin_sft.sft_examples(
+      task, tok, mistake_rate=settings.mistake_rate, step_mistake_rate=settings.step_mistake_rate,
+      seed=c.seed, epochs=None, clean_first=settings.clean_steps * settings.batch_size)
+  critic_examples = builtin_sft.critic_examples(
+      task, tok, step_mistake_rate=settings.step_mistake_rate, seed=c.seed + 1)
   return sft_lib.run_sft(model_config, settings, examples, os.path.join(workdir, 'sft'),
-                         data_key=task.name + repr(task.settings), log=log)
+                         data_key=task.name + repr(task.settings),
+                         critic_examples=critic_examples, log=log)
 
 
 def build(c: ml_collections.ConfigDict, workdir: str, log=print):

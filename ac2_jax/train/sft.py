@@ -1,5 +1,9 @@
 """Supervised warm start: next-token cross-entropy on the response tokens of (prompt, response) pairs.
 
+A second stream of (critic context, value) pairs may teach the critic's answer format: once the
+first `clean_steps` are done, every `critic_every`-th step trains on a batch of those instead
+(their contexts are longer, so they get their own batch shape).
+
 The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
 exactly as it loads a released one. A finished warm start is cached: the same settings in the same
 directory return the saved checkpoint without training again.
@@ -35,6 +39,10 @@ class SFTSettings:
   grad_clip: float = 1.0
   mistake_rate: float = 0.0  # built-in task: share of worked solutions with one injected mistake
   step_mistake_rate: float = 0.25  # built-in task: each step independently wrong
+  clean_steps: int = 0  # built-in task: the first steps train on correct solutions only
+  critic_every: int = 0  # after clean_steps, every n-th step is a critic batch; 0 = never
+  critic_batch_size: int = 16
+  critic_seq_len: int = 256
   seed: int = 0
 
 
@@ -46,8 +54,8 @@ def _loss(model_config, params, tokens_BxT, mask_BxT):
   return -(picked * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: int, seq_len: int
-               ) -> tuple[np.ndarray, np.ndarray]:
+def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: int, seq_len: int,
+               name: str = 'seq_len') -> tuple[np.ndarray, np.ndarray]:
   """Right-padded tokens and a mask on the response tokens (the loss targets)."""
   tokens = np.zeros((batch_size, seq_len), np.int32)
   mask = np.zeros((batch_size, seq_len), np.float32)
@@ -55,7 +63,7 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
     prompt, response = next(examples)
     n = len(prompt) + len(response)
     if n > seq_len:
-      raise ValueError(f'SFT example of {n} tokens exceeds seq_len={seq_len}')
+      raise ValueError(f'SFT example of {n} tokens exceeds {name}={seq_len}')
     tokens[b, :n] = np.concatenate([prompt, response])
     mask[b, len(prompt):n] = 1.0
   return tokens, mask
@@ -69,8 +77,11 @@ def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
 
 def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
             examples: Iterator[tuple[np.ndarray, np.ndarray]], out_dir: str, *, data_key: str = '',
+            critic_examples: Iterator[tuple[np.ndarray, np.ndarray]] | None = None,
             log=print) -> str:
   """Trains from random weights and saves to `out_dir` (HF format); returns `out_dir`.
+
+  `critic_examples` feeds the critic batches when `settings.critic_every` asks for them.
 
   Reuses `out_dir` when it already holds a finished run with the same settings.
   """
@@ -97,14 +108,29 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
+  if settings.critic_every and critic_examples is None:
+    raise ValueError('SFTSettings.critic_every > 0 needs critic_examples')
+
+  def is_critic_step(i):
+    return bool(settings.critic_every) and i > settings.clean_steps and (
+        (i - settings.clean_steps) % settings.critic_every == 0)
+
   start = time.time()
+  losses = {'solutions': float('nan'), 'critic': float('nan')}
   for i in range(1, settings.steps + 1):
-    tokens, mask = make_batch(examples, settings.batch_size, settings.seq_len)
-    params, opt_state, loss = step(params, opt_state, tokens, mask)
+    if is_critic_step(i):
+      kind, batch = 'critic', make_batch(critic_examples, settings.critic_batch_size,
+                                         settings.critic_seq_len, 'critic_seq_len')
+    else:
+      kind, batch = 'solutions', make_batch(examples, settings.batch_size, settings.seq_len)
+    params, opt_state, loss = step(params, opt_state, *batch)
+    losses[kind] = loss
     if i % 50 == 0 or i == settings.steps:
-      log(f'SFT step {i}/{settings.steps} loss {float(loss):.4f} ({time.time() - start:.0f}s)')
+      log(f'SFT step {i}/{settings.steps} loss {float(losses["solutions"]):.4f}'
+          + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every else '')
+          + f' ({time.time() - start:.0f}s)')
   models.save_hf_checkpoint(model_config, params, out_dir)
   with open(done_path, 'w') as f:
-    json.dump({'key': key, 'steps': settings.steps, 'final_loss': float(loss),
+    json.dump({'key': key, 'steps': settings.steps, 'final_loss': float(losses['solutions']),
                'seconds': time.time() - start}, f)
   return out_dir
