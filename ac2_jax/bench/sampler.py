@@ -69,7 +69,7 @@ def _time_ours(config, params, contexts, new_tokens: int, key) -> float:
 def _naive_next(params, tokens_BxT, lengths_B, keys_B, *, config):
   hidden_BxTxE, _ = qwen3.forward(config, params, tokens_BxT, lengths_B=lengths_B,
                                   output='hidden')
-  logits_BxV = decode.head_logits(config, params, decode.last_hidden(hidden_BxTxE, lengths_B))
+  logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxTxE, lengths_B))
   return distribution.draw(keys_B, distribution.sampling_log_probs(logits_BxV, SETTINGS), False)
 
 

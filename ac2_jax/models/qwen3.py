@@ -183,6 +183,18 @@ def forward(config: ModelConfig, params, tokens_BxT, *, lengths_B=None, cache=No
                                output)
 
 
+def head_logits(config: ModelConfig, params, hidden_xE: jax.Array) -> jax.Array:
+  """Float32 next-token logits [..., V] from final (normed) hidden states [..., E], as the
+  decoder's head computes them: for callers that project only some positions onto the vocabulary."""
+  dtype = config.jnp_dtype
+  if config.tie_embeddings:
+    return jnp.einsum('...e,ve->...v', hidden_xE.astype(dtype),
+                      params['embed_tokens']['embedding'].astype(dtype),
+                      preferred_element_type=jnp.float32)
+  return jnp.einsum('...e,ev->...v', hidden_xE.astype(dtype),
+                    params['lm_head']['kernel'].astype(dtype), preferred_element_type=jnp.float32)
+
+
 def logits(config: ModelConfig, params, tokens_BxT, lengths_B=None) -> jax.Array:
   """Float32 logits [B, T, V] of a causal pass over a (right-padded) batch."""
   return forward(config, params, tokens_BxT, lengths_B=lengths_B)[0]

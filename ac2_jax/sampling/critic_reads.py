@@ -47,7 +47,7 @@ def _next_token_log_probs(params, contexts_BxP, lengths_B, token_ids_M, *, confi
     contexts_BxP = decode.constrain(contexts_BxP, mesh, P(decode.BATCH_AXES, None))
   hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, lengths_B=lengths_B,
                                   output='hidden')
-  logits_BxV = decode.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
+  logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
   return jax.nn.log_softmax(logits_BxV, axis=-1)[:, token_ids_M]
 
 

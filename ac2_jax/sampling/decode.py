@@ -37,18 +37,6 @@ def trace_count() -> int:
   return _TRACES['decode_batch']
 
 
-def head_logits(config: ModelConfig, params, hidden_BxE: jax.Array) -> jax.Array:
-  """Float32 next-token logits [B, V] from final (normed) hidden states, as the decoder's head."""
-  dtype = config.jnp_dtype
-  if config.tie_embeddings:
-    return jnp.einsum('be,ve->bv', hidden_BxE.astype(dtype),
-                      params['embed_tokens']['embedding'].astype(dtype),
-                      preferred_element_type=jnp.float32)
-  return jnp.einsum('be,ev->bv', hidden_BxE.astype(dtype),
-                    params['lm_head']['kernel'].astype(dtype),
-                    preferred_element_type=jnp.float32)
-
-
 def last_hidden(hidden_BxTxE: jax.Array, lengths_B: jax.Array) -> jax.Array:
   """The hidden state of each row's last valid position."""
   return jnp.take_along_axis(hidden_BxTxE, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
@@ -111,7 +99,7 @@ def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B
 
   hidden_BxPxE, cache = qwen3.forward(config, params, contexts_BxP, cache=cache,
                                       lengths_B=context_lengths_B, output='hidden')
-  logits_BxV = head_logits(config, params, last_hidden(hidden_BxPxE, context_lengths_B))
+  logits_BxV = qwen3.head_logits(config, params, last_hidden(hidden_BxPxE, context_lengths_B))
   token_B, logprob_B, entropy_B = choose(logits_BxV, jnp.zeros((B,), jnp.int32))
   first_C = jnp.arange(C) == 0
   tokens_BxC = jnp.where(first_C, token_B[:, None], 0)

@@ -29,6 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = 'float32'        # compute and parameter dtype: 'float32' | 'bfloat16'
   c.model.attention_impl = 'xla'   # 'xla' | 'pallas'
   c.model.remat = False
+  c.model.logits_chunk = 0         # positions per vocabulary projection in the updates; 0 = all
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1
@@ -142,6 +143,7 @@ def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.model.dtype = 'bfloat16'
   c.model.remat = True
   c.model.attention_impl = 'pallas'
+  c.model.logits_chunk = 2048      # float32 logits of 2,048 positions at a time, not of 65,536
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   c.task.name = 'proofs'
   c.controller.group_size = 16

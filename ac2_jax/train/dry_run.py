@@ -10,7 +10,8 @@ is read when it is there). The report gives bytes per device, by phase:
   sampling  the KV cache of one sampler call (`sampling.max_batch` rows at the longest context,
             bucketed as the sampler pads) and the prefill's activations of one layer.
   update    gradients, float32 logits of one micro-batch (the losses take a log-softmax over
-            the whole vocabulary), and the activations the backward pass keeps.
+            the whole vocabulary; `model.logits_chunk` positions at a time when it is set),
+            and the activations the backward pass keeps.
   peak    = state + max(sampling, update)
 
 Activations are estimates (XLA fuses and reuses buffers); the state and the KV cache are exact.
@@ -57,6 +58,7 @@ class Plan:
   rows_per_step: int                 # sampled rows of one training step
   max_sample_batch: int
   micro_batch: int                   # actor.micro_batch (0: the whole minibatch at once)
+  logits_chunk: int                  # model.logits_chunk (0: every position at once)
   update_rows: int                   # rows of one gradient micro-batch, actor or critic
   critic_reads_per_step: int         # at most (AC2); 0 without a critic
 
@@ -98,7 +100,7 @@ def plan_from_config(c: ml_collections.ConfigDict, num_devices: int | None = Non
       cut_grid=ctl.cut_grid, max_cut=int(ctl.max_cut_fraction * ctl.response_budget),
       critic_context=c.critic.max_context, rows_per_step=rows,
       max_sample_batch=c.sampling.max_batch, micro_batch=c.actor.micro_batch,
-      update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
+      logits_chunk=c.model.logits_chunk, update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
       # Chunks routed to the critic plus one prefix value per replayed group.
       critic_reads_per_step=ctl.n_batch * (ctl.group_size + 1) if c.algorithm == 'ac2' else 0)
 
@@ -221,7 +223,8 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
   critic_batch = updates.CriticBatch(_sds((rows, T_critic), jnp.int32),
                                      _sds((rows, T_critic), jnp.float32),
                                      _sds((rows,), jnp.float32))
-  settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.micro_batch)
+  settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.micro_batch,
+                                    logits_chunk=plan.logits_chunk)
   for name, fn, batch, micro in (('actor', updates.actor_update, actor_batch, plan.micro_batch),
                                  ('critic', updates.critic_update, critic_batch, 0)):
     step = functools.partial(fn, dataclasses.replace(settings, micro_batch=micro))
@@ -290,10 +293,12 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
                           plan.critic_context + sampling.MAX_VALUE_TOKENS))
   rows = -(-plan.update_rows // batch_devices)
   kept_per_token = m.hidden_size if m.remat else 4 * m.hidden_size + 3 * ffn
+  logit_positions = min(plan.logits_chunk, T) if plan.logits_chunk else T
   memory['update'] = {
       'gradients' + (' + accumulator' if plan.micro_batch else ''):
           memory['state']['parameters'] * (2 if plan.micro_batch else 1),
-      f'logits f32 x2: {rows} rows x {T} x {vocab}': 2 * rows * T * vocab * 4,
+      f'logits f32 x2: {rows} rows x {logit_positions} x {vocab}':
+          2 * rows * logit_positions * vocab * 4,
       ('remat checkpoints' if m.remat else 'activations for backward'):
           m.num_layers * rows * T * kept_per_token * act,
   }

@@ -117,7 +117,8 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print):
                                     actor_grad_clip=c.actor.grad_clip,
                                     critic_grad_clip=c.critic.grad_clip),
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
-      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch)
+      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
+      logits_chunk=c.model.logits_chunk)
   # Contexts are the prompt plus at most the response budget; critic prompts may be longer.
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))

@@ -29,6 +29,8 @@ class UpdateSettings:
   dual_clip: float | None = 3.0
   # Rows per gradient micro-batch; 0 = the whole minibatch at once.
   micro_batch: int = 0
+  # Positions projected onto the vocabulary at a time in the losses; 0 = all at once.
+  logits_chunk: int = 0
 
 
 @flax.struct.dataclass
@@ -49,10 +51,35 @@ class CriticBatch:
   weights_B: jax.Array
 
 
-def sequence_logprobs(model_config, params, tokens_BxT, temperature):
-  """log pi(token t | tokens < t) at `temperature`, aligned to tokens (position 0 gets 0)."""
-  logits_BxTxV = models.forward(model_config, params, tokens_BxT)[0]
-  logp_BxTm1 = entropy.token_logprobs(logits_BxTxV[:, :-1], tokens_BxT[:, 1:], temperature)
+def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chunk: int = 0):
+  """log pi(token t | tokens < t) at `temperature`, aligned to tokens (position 0 gets 0).
+
+  With `logits_chunk` > 0 the head runs on that many positions at a time, each chunk under
+  `jax.checkpoint`: neither pass holds float32 logits [B, T, V] (at a 150k vocabulary and 64k
+  tokens that is 37 GiB per row), only [B, logits_chunk, V], at the price of a second head
+  projection in the backward pass.
+  """
+  B, T = tokens_BxT.shape
+  if not logits_chunk or logits_chunk >= T - 1:
+    logits_BxTxV = models.forward(model_config, params, tokens_BxT)[0]
+    logp_BxTm1 = entropy.token_logprobs(logits_BxTxV[:, :-1], tokens_BxT[:, 1:], temperature)
+    return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
+  hidden_BxTxE = models.forward(model_config, params, tokens_BxT, output='hidden')[0]
+  n = -(-(T - 1) // logits_chunk)
+  pad = n * logits_chunk - (T - 1)
+  hidden_BxSxE = jnp.pad(hidden_BxTxE[:, :-1], ((0, 0), (0, pad), (0, 0)))
+  targets_BxS = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, pad)))
+  hidden_NxBxCxE = hidden_BxSxE.reshape(B, n, logits_chunk, -1).swapaxes(0, 1)
+  targets_NxBxC = targets_BxS.reshape(B, n, logits_chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def chunk_logprobs(args):
+    hidden_BxCxE, targets_BxC = args
+    logits_BxCxV = models.head_logits(model_config, params, hidden_BxCxE)
+    return entropy.token_logprobs(logits_BxCxV, targets_BxC, temperature)
+
+  logp_NxBxC = jax.lax.map(chunk_logprobs, (hidden_NxBxCxE, targets_NxBxC))
+  logp_BxTm1 = logp_NxBxC.swapaxes(0, 1).reshape(B, n * logits_chunk)[:, :T - 1]
   return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
 
 
@@ -105,7 +132,8 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
   """One PPO minibatch update (token-mean loss over the minibatch's generated tokens)."""
 
   def loss_fn(params, mb: ActorBatch):
-    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, settings.temperature)
+    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, settings.temperature,
+                             settings.logits_chunk)
     loss_sum, count, sums = policy_loss.ppo_loss(
         logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
         eps_low=settings.eps_low, eps_high=eps_high, dual_clip=settings.dual_clip)
@@ -125,7 +153,7 @@ def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: 
   """One critic update: value-token NLL (w/4 per record, / number of records) at learning rate lr."""
 
   def loss_fn(params, mb: CriticBatch):
-    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0)
+    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0, settings.logits_chunk)
     loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
     return loss_sum, (count, {})
 
