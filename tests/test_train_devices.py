@@ -1,5 +1,6 @@
 """The whole tiny AC2 run on a data x fsdp x tensor = 2 x 2 x 2 mesh of 8 fake CPU devices gives the
-metrics of the same run on one device (a fresh 1-device process).
+metrics of the same run on one device (a fresh 1-device process). The 8-device run also projects
+its update logits in chunks (`model.logits_chunk`), as the pod configs do; the other does not.
 
 Both runs score with `LengthCreditTask`, so advantages and actor gradients are not all zero.
 """
@@ -18,7 +19,7 @@ from train_fixtures import (compile_cache, length_credit_build_task, overrides, 
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
-MESH_8 = {'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2}
+MESH_8 = {'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2, 'model.logits_chunk': 24}
 MESH_1 = {'mesh.data': 1, 'mesh.fsdp': 1, 'mesh.tensor': 1}
 
 
