@@ -9,7 +9,7 @@ checkpoint directory that `--config.model.init_checkpoint` also accepts.
 from absl import app, flags
 from ml_collections import config_flags
 
-from ac2_jax.train import experiment
+from ac2_jax.train import cli, experiment
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
@@ -26,4 +26,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

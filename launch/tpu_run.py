@@ -14,7 +14,7 @@ See docs/tpu.md and docs/gpu.md.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ac2_jax.train import distributed, dry_run, loop
+from ac2_jax.train import cli, distributed, dry_run, loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
@@ -42,4 +42,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -157,13 +157,19 @@ def test_judge_outage_and_long_critic_pairs_do_not_stop_the_run(train_base, tmp_
   assert is_finite_number(summary.final_score)
 
 
-def test_unknown_config_key_is_an_error(train_base, tmp_path):
+@pytest.mark.parametrize('override, message', [
+    ('--config.nonexistent=1', "unknown config key 'nonexistent' in --config.nonexistent=1"),
+    ('--config.sft.stepz=1', "unknown config key 'sft.stepz' in --config.sft.stepz=1 "
+                             '(Did you mean "steps" instead of "stepz"?)'),
+])
+def test_unknown_config_key_is_an_error(train_base, tmp_path, override, message):
   workdir = tmp_path / 'run'
-  flags = as_flags(overrides(train_base)) + ['--config.nonexistent=1']
+  flags = as_flags(overrides(train_base)) + [override]
   out = subprocess.run([sys.executable, os.path.join(REPO, 'launch', 'tpu_run.py'),
                         '--config=' + os.path.join(REPO, 'configs', 'ac2.py'),
                         f'--workdir={workdir}', *flags], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode != 0
-  assert 'nonexistent' in out.stderr
+  # One line naming the key, not a traceback out of the flag parser.
+  assert message in out.stderr and 'Traceback' not in out.stderr, out.stderr
   assert not workdir.exists()  # rejected before anything ran
