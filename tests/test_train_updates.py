@@ -108,6 +108,7 @@ def test_nan_loss_skips_update():
   state = state_lib.init_state(params, _settings().optim)
   new, metrics = updates.actor_update(_settings(), state, batch, 0.28)
   assert float(metrics['skipped']) == 1.0 and float(metrics['update_norm']) == 0.0
+  assert int(new.step) == 0  # counts applied updates only
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
   for a, b in zip(jax.tree.leaves(new.actor_opt_state), jax.tree.leaves(state.actor_opt_state)):

@@ -47,7 +47,7 @@ class TrainState:
   params: dict
   actor_opt_state: optax.OptState
   critic_opt_state: optax.OptState
-  step: jax.Array
+  step: jax.Array  # actor updates applied (a skipped, non-finite one does not count)
 
 
 def init_state(params, settings: OptimSettings) -> TrainState:

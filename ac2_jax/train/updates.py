@@ -144,7 +144,8 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
   optimizer = state_lib.actor_optimizer(settings.optim)
   params, opt_state, metrics = _apply(optimizer, state.params, state.actor_opt_state, grads, loss)
   metrics = {'loss': loss, 'tokens': count, **policy_loss.finalize_metrics(sums, count), **metrics}
-  new_state = state.replace(params=params, actor_opt_state=opt_state, step=state.step + 1)
+  applied = (1.0 - metrics['skipped']).astype(state.step.dtype)
+  new_state = state.replace(params=params, actor_opt_state=opt_state, step=state.step + applied)
   return new_state, metrics
 
 
