@@ -5,9 +5,9 @@ CPU, built-in task, `tiny` model (SFT warm start included; measured 13 minutes o
   python launch/tpu_run.py --config=configs/ac2.py --workdir=/tmp/ac2_run
 Expected: the validation score printed at the end is above the SFT starting score (step 0); that run
 went 0.338 -> 0.590 (step 20) -> 0.683 (step 40) -> 0.688 (mean points / 7; full marks 16% -> 56%).
-The tiny critic learns its answer format in the warm start (no invalid reads) but hardly the values (it
-answers 0 or 0.3 to every prefix), so its error stays above the readiness thresholds, no problem
-becomes ready, and every slot is rolled out to the end as in Prefix GRPO.
+The tiny critic learns its answer format in the warm start (no invalid reads) but hardly the values
+(it answers 0 or 0.3 to every prefix), so its error stays above the readiness thresholds, no
+problem becomes ready, and every slot is rolled out to the end as in Prefix GRPO.
 
 Paper scale (AC2 paper, Table 4): Qwen3-4B on a TPU pod slice (or GPUs), FineProofs-RL training,
 IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/gpu.md:

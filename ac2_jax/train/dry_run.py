@@ -100,7 +100,8 @@ def plan_from_config(c: ml_collections.ConfigDict, num_devices: int | None = Non
       cut_grid=ctl.cut_grid, max_cut=int(ctl.max_cut_fraction * ctl.response_budget),
       critic_context=c.critic.max_context, rows_per_step=rows,
       max_sample_batch=c.sampling.max_batch, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk, update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
+      logits_chunk=c.model.logits_chunk,
+      update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
       # Chunks routed to the critic plus one prefix value per replayed group.
       critic_reads_per_step=ctl.n_batch * (ctl.group_size + 1) if c.algorithm == 'ac2' else 0)
 
