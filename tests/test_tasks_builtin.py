@@ -1,5 +1,6 @@
 """The built-in chain-arithmetic task: generation, splits, scoring, tfds build, tokenizer, SFT."""
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -15,6 +16,7 @@ from ac2_jax.tasks import builtin_sft
 from ac2_jax.tasks import builtin_tfds
 
 SMALL = builtin.ChainSettings(num_train=1500, num_validation=64)
+LEADING = dataclasses.replace(SMALL, scoring='leading')
 # Start 11, modulo 13: 11-5=6, 6+3=9, 9+2=11, 11*4=5, 5*12=8, 8+1=9, 9+12=8, 8-3=5.
 PROBLEM = builtin.ChainProblem(start=11, ops='-++**++-', operands=(5, 3, 2, 4, 12, 1, 12, 3),
                                modulus=13)
@@ -102,8 +104,8 @@ def _score(task, record, text):
   return grade.points
 
 
-def test_scoring_hand_written_solutions(record):
-  task = builtin.BuiltinTask.generate(SMALL)
+def test_leading_scoring_hand_written_solutions(record):
+  task = builtin.BuiltinTask.generate(LEADING)
   assert _score(task, record, RIGHT) == 7
   assert _score(task, record, RIGHT + '<|im_end|>') == 7
   # Early mistake: 11-5 written as 7; carried on correctly from 7, the answer is wrong.
@@ -127,8 +129,38 @@ def test_scoring_hand_written_solutions(record):
   assert _score(task, record, RIGHT.replace('\n11*4=5', '\n10*4=5')) == 2
 
 
-def test_scoring_malformed_truncated_empty(record):
+def test_local_scoring_hand_written_solutions(record):
   task = builtin.BuiltinTask.generate(SMALL)
+  assert task.settings.scoring == 'local'
+  assert _score(task, record, RIGHT) == 7
+  # Early mistake (11-5 written as 7), then 7 lines that follow from what was written: 6 * 7 / 8.
+  early = ('11-5=7\n7+3=10\n10+2=12\n12*4=9\n9*12=4\n4+1=5\n5+12=4\n4-3=1\n</think>\n\n'
+           '<answer>1</answer>')
+  assert _score(task, record, early) == 5.25
+  # The right answer after a broken chain still earns nothing for the answer.
+  assert _score(task, record, early.replace('<answer>1', '<answer>5')) == 5.25
+  # A slip in the middle (5*12 written as 7) keeps the credit of the lines after it.
+  middle = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n7+1=8\n8+12=7\n7-3=4\n</think>\n\n'
+            '<answer>4</answer>')
+  assert _score(task, record, middle) == 5.25
+  assert _score(task, record, RIGHT.replace('<answer>5', '<answer>6')) == 6
+  # A wrong operand loses that line only.
+  assert _score(task, record, RIGHT.replace('+2=11', '+1=11')) == 5.25
+  # A wrongly copied previous value loses its line even when its arithmetic holds (10*4=1), and
+  # the next line, which starts from the true 5 instead of the written 1, loses its line too.
+  assert _score(task, record, RIGHT.replace('\n11*4=5', '\n10*4=1')) == 4.5
+  # Two lines and an answer: 6 * 2 / 8.
+  assert _score(task, record, '11-5=6\n6+3=9\n</think>\n\n<answer>9</answer>') == 1.5
+  assert builtin.line_credits(PROBLEM, middle) == [True] * 4 + [False] + [True] * 3
+  assert builtin.line_credits(PROBLEM, middle, 'leading') == [True] * 4 + [False] * 4
+  # A partial response is read as far as it goes.
+  assert builtin.line_credits(PROBLEM, '11-5=6\n6+3=8\n9+2') == [True, False] + [False] * 6
+  with pytest.raises(ValueError, match='scoring'):
+    dataclasses.replace(SMALL, scoring='best')
+
+
+def test_scoring_malformed_truncated_empty(record):
+  task = builtin.BuiltinTask.generate(LEADING)
   malformed = 'let me think\nthe answer is five\n</think>\n\n<answer>five</answer>'
   assert task.score(record, malformed) == grading.Grade(
       points=0, status=grading.STATUS_OK, detail='correct steps 0/8, answer wrong')
@@ -303,6 +335,21 @@ def test_prefix_value_by_hand():
   assert value(right, 0.0) == pytest.approx(7)
 
 
+def test_prefix_value_local_scoring_by_hand():
+  def value(text, q, values):
+    return builtin_sft.prefix_value(PROBLEM, values, text, q, 'local') * 7
+
+  truth = PROBLEM.values()
+  # Nothing written, q = 1/2: 6 * (8 / 2) / 8 for the lines, the bonus with probability 2^-8.
+  assert value('', 0.5, truth) == pytest.approx(3 + 0.5 ** 8)
+  # A wrong third value costs its line only; the bonus is gone.
+  wrong = builtin.written_values(PROBLEM, 2, 12)
+  text = builtin.response_text(PROBLEM, wrong)
+  assert value(text[:text.index('=12') + 3], 0.9, wrong) == pytest.approx(6 * (2 + 0.9 * 5) / 8)
+  assert value(text, 0.9, wrong) == pytest.approx(6 * 7 / 8)
+  assert value(builtin.response_text(PROBLEM, truth), 0.0, truth) == pytest.approx(7)
+
+
 def test_critic_examples_frame_the_critic_prompt(built):
   from ac2_jax import critic
   _, task, tok = built
@@ -317,8 +364,9 @@ def test_critic_examples_frame_the_critic_prompt(built):
     targets.append(critic.parse_value(tok.decode(target[:-1].tolist())))
   assert None not in targets
   assert 60 < with_reference < 140
-  # Both ends of the grid occur: early cuts with luck ahead, and cuts after a mistake.
-  assert min(targets) == 0.0 and max(targets) >= 0.7
+  # The targets spread: late cuts of clean solutions, and cuts after several mistakes (under the
+  # default local scoring a mistake costs its own line only).
+  assert len(set(targets)) >= 4 and max(targets) - min(targets) >= 0.4
   # The same seed gives the same stream.
   a, b = (next(builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=1))
           for _ in range(2))

@@ -1,6 +1,7 @@
 """Grades on the 0..7 olympiad scale and reading the points out of a judge's text.
 
-A `Grade` is either valid (integer points 0..7) or invalid (points None, with a status saying why).
+A `Grade` is either valid (points 0..7: integers from a judge, fractions from the built-in task's
+local scoring) or invalid (points None, with a status saying why).
 The training loop treats an invalid grade as reward 0 for the actor and leaves it out of critic
 targets (ALGORITHMS.md, AC2 item 4), so nothing here ever raises on bad judge output.
 """
@@ -29,7 +30,7 @@ VALID_STATUSES = (STATUS_OK, STATUS_NO_ANSWER)
 class Grade:
   """The judge's verdict on one response."""
 
-  points: int | None  # 0..MAX_POINTS when valid, None when invalid
+  points: float | None  # 0..MAX_POINTS when valid, None when invalid
   status: str = STATUS_OK
   # Short human-readable reason for an invalid grade (never holds credentials).
   detail: str = ''

@@ -17,11 +17,21 @@ intermediate value can never end in the right answer (an early mistake dooms the
 digits as single tokens a K=8, p=13 response is about 66 tokens, K=12 about 95: at least four
 chunks of the CPU default chunk size (16 tokens).
 
-Scoring (0..7, like the proof judge) parses the response and never evaluates it: c = the number of
-leading lines that equal the true steps (previous value, operator, operand, value),
-points = floor(6 c / K), plus 1 when the whole chain and the answer are right. A response
+Scoring (0..7, like the proof judge) parses the response and never evaluates a model. A response
 without a complete answer block after `</think>` scores 0 (valid), as a proof without a proof
-block does.
+block does. Two rules (`ChainSettings.scoring`):
+
+- 'local' (the default): c = the number of locally correct lines, points = 6 c / K (a fraction),
+  plus 1 when every line and the answer are right. Line i is locally correct when it is step i of
+  the problem (operator and operand), its previous value is the one written before it (the start
+  value for the first line) and its result follows from those two. A solver that slips once and
+  carries on correctly keeps the credit of every later line, so a replayed prefix that already
+  holds a mistake can still be continued well or badly: the continuations of one prefix differ in
+  value, which is what AC2's chunk advantages and the critic's targets need.
+- 'leading': c = the number of leading lines that equal the true steps, points = floor(6 c / K),
+  plus 1 when the whole chain and the answer are right. This is the stricter rule of a proof
+  grader (nothing after the first error counts), but a prefix that holds a wrong line fixes every
+  continuation's score, so most replay groups have equal rewards (measured: 55% at K = 8).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ NAME = 'builtin_chain'
 ANSWER_OPEN = '<answer>'
 ANSWER_CLOSE = '</answer>'
 OPS = '+-*'
+SCORINGS = ('local', 'leading')
 VALUE_GRID = ('0', '0.1', '0.2', '0.3', '0.4', '0.5', '0.6', '0.7', '0.8', '0.9', '1')
 # The critic's answer stem (ALGORITHMS.md AC2 item 8); one token in the built-in tokenizer.
 CRITIC_STEM = 'Q value:'
@@ -62,6 +73,11 @@ _CRITIC = ('Pause here and estimate how much credit this attempt will earn if yo
            'in between mean partial credit.{reference}\nAnswer with a single line: Q value: z '
            'where z is one of 0, 0.1, ..., 1.')
 _CRITIC_REFERENCE = '\nCompare with a correct solution:\n{reference}'
+# The short instruction leaves a tiny model's context to the attempt and the reference: the long
+# one is 69 tokens of the built-in tokenizer, the short one 5 (the reference adds about 55).
+_CRITIC_SHORT = 'Q value of this attempt?{reference}'
+_CRITIC_SHORT_REFERENCE = '\nSolution:\n{reference}'
+CRITIC_PROMPTS = ('long', 'short')
 
 
 def _is_prime(n: int) -> bool:
@@ -81,8 +97,14 @@ class ChainSettings:
   # One problem in `validation_every` (by a hash of its content) belongs to validation, so the
   # split of a problem never depends on the seed or the counts.
   validation_every: int = 8
+  scoring: str = 'local'  # 'local' | 'leading' (see the module docstring)
+  critic_prompt: str = 'long'  # 'long' | 'short' critic instruction (see critic_instruction)
 
   def __post_init__(self):
+    if self.critic_prompt not in CRITIC_PROMPTS:
+      raise ValueError(f'critic_prompt must be one of {CRITIC_PROMPTS}, got {self.critic_prompt!r}')
+    if self.scoring not in SCORINGS:
+      raise ValueError(f'scoring must be one of {SCORINGS}, got {self.scoring!r}')
     if not self.ops or len(set(self.ops)) != len(self.ops) or set(self.ops) - set(OPS):
       raise ValueError(f'ops must be distinct characters of {OPS!r}, got {self.ops!r}')
     if self.steps < 1:
@@ -218,35 +240,68 @@ def _thinking_lines(response: str) -> list[str]:
   return [line.strip() for line in thinking.split('\n') if line.strip()]
 
 
-def score_response(problem: ChainProblem, response: str) -> grading.Grade:
-  """Points 0..7 for one response (parsing only); see the module docstring for the rule."""
+def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -> list[bool]:
+  """Per step of the problem, whether the response's line for it earns credit under `scoring`.
+
+  Only the thinking section is read (a partial response is read as far as it goes).
+  """
+  if scoring not in SCORINGS:
+    raise ValueError(f'scoring must be one of {SCORINGS}, got {scoring!r}')
+  lines = _thinking_lines(response)
+  truth = problem.values()
+  credits = []
+  written = problem.start  # the value the solver wrote last
+  for i, step in enumerate(problem.step_strings()):
+    m = _LINE_RE.fullmatch(lines[i]) if i < len(lines) else None
+    if m is None:
+      credits.extend([False] * (problem.steps - i))
+      break
+    prev, result = int(m.group(1)), int(m.group(4))
+    same_step = f'{m.group(2)}{int(m.group(3))}' == step
+    if scoring == 'leading':
+      ok = same_step and prev == ([problem.start, *truth][i]) and result == truth[i]
+      if not ok:
+        credits.extend([False] * (problem.steps - i))
+        break
+    else:
+      ok = (same_step and prev == written and prev < problem.modulus
+            and result == problem.apply(i, prev))
+    credits.append(ok)
+    written = result
+  return credits
+
+
+def score_response(problem: ChainProblem, response: str, scoring: str = 'local'
+                   ) -> grading.Grade:
+  """Points 0..7 for one response (parsing only); see the module docstring for the rules."""
   block = base.answer_block(response, ANSWER_OPEN, ANSWER_CLOSE)
   if block is None:
     return grading.no_answer_grade()
-  truth = problem.values()
-  correct = 0
-  previous = [problem.start, *truth[:-1]]
-  for line, prev, step, value in zip(_thinking_lines(response), previous, problem.step_strings(),
-                                     truth):
-    m = _LINE_RE.fullmatch(line)
-    if (m is None or int(m.group(1)) != prev or f'{m.group(2)}{int(m.group(3))}' != step
-        or int(m.group(4)) != value):
-      break
-    correct += 1
+  credits = line_credits(problem, response, scoring)
+  correct = sum(credits)
   answer = block.strip()
-  answer_right = _ANSWER_RE.fullmatch(answer) is not None and int(answer) == truth[-1]
+  answer_right = _ANSWER_RE.fullmatch(answer) is not None and int(answer) == problem.answer
   k = problem.steps
-  points = (6 * correct) // k + int(correct == k and answer_right)
+  lines = 6 * correct / k if scoring == 'local' else (6 * correct) // k
+  points = lines + int(correct == k and answer_right)
   return grading.Grade(points=points, status=grading.STATUS_OK,
                        detail=f'correct steps {correct}/{k}, answer '
                               f'{"right" if answer_right else "wrong"}')
 
 
-def critic_instruction(reference: str | None) -> str:
-  """The built-in critic instruction (the AC2 paper's, shortened), with or without a reference."""
+def critic_instruction(reference: str | None, prompt: str = 'long') -> str:
+  """The built-in critic instruction, with or without a reference.
+
+  'long' is the AC2 paper's instruction, shortened; 'short' only asks, so that a tiny model's
+  context holds the attempt and the reference rather than the wording of the question.
+  """
+  if prompt not in CRITIC_PROMPTS:
+    raise ValueError(f'critic prompt must be one of {CRITIC_PROMPTS}, got {prompt!r}')
+  template, ref_template = ((_CRITIC, _CRITIC_REFERENCE) if prompt == 'long'
+                            else (_CRITIC_SHORT, _CRITIC_SHORT_REFERENCE))
   if reference is None:
-    return _CRITIC.format(reference='')
-  return _CRITIC.format(reference=_CRITIC_REFERENCE.format(reference=reference.strip()))
+    return template.format(reference='')
+  return template.format(reference=ref_template.format(reference=reference.strip()))
 
 
 def generate(settings: ChainSettings) -> dict[str, list[ChainProblem]]:
@@ -325,11 +380,11 @@ class BuiltinTask:
     return '\n'.join(_thinking_lines(response_text) + [answer_text(block.strip())])
 
   def critic_instruction(self, reference: str | None) -> str:
-    return critic_instruction(reference)
+    return critic_instruction(reference, self.settings.critic_prompt)
 
   def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
     """Points for one response; ValueError when the record is not a built-in problem."""
-    return score_response(parse_problem(record.prompt), response_text)
+    return score_response(parse_problem(record.prompt), response_text, self.settings.scoring)
 
   def score_batch(self, records: Sequence[base.ProblemRecord], responses: Sequence[str]
                   ) -> list[grading.Grade]:

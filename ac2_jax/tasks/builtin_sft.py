@@ -95,30 +95,33 @@ def sft_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
 
 
 def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: str,
-                 step_correct: float) -> float:
+                 step_correct: float, scoring: str = 'leading') -> float:
   """Expected points / 7 for finishing a worked solution whose first characters are `prefix_text`.
 
   `values` are the values the solution writes (the prefix is a prefix of its text); each step not
-  yet written is right with probability `step_correct`, and the first wrong one ends the credit,
-  as in `sample_values`. A line counts as written once its value is complete.
+  yet written is right with probability `step_correct`, as in `sample_values` (under 'leading'
+  scoring the first wrong one ends the credit; under 'local' every right line earns its share). A
+  line counts as written once its value is complete.
   """
   k = problem.steps
-  true_lines = builtin.steps_text(problem, problem.values()).split('\n')
   own_lines = builtin.steps_text(problem, values).split('\n')
   *written, last = prefix_text.partition(tokenization.THINK_CLOSE)[0].split('\n')
   if len(written) < k and last == own_lines[len(written)]:
     written.append(last)  # the value is written, only the line break is missing
   written = written[:k]
-  correct = 0
-  while correct < len(written) and written[correct] == true_lines[correct]:
-    correct += 1
+  credits = builtin.line_credits(problem, '\n'.join(written), scoring)[:len(written)]
+  left = k - len(written)
+  intact = all(credits)
+  if scoring == 'local':
+    expected = 6 * (sum(credits) + step_correct * left) / k
+    return (expected + (step_correct ** left if intact else 0.0)) / 7
 
   def points(c):
     return (6 * c) // k + int(c == k)
 
-  if correct < len(written):
+  correct = sum(credits)
+  if not intact:
     return points(correct) / 7
-  left = k - correct
   expected = sum(step_correct ** g * (1 - step_correct) * points(correct + g) for g in range(left))
   return (expected + step_correct ** left * points(k)) / 7
 
@@ -143,7 +146,8 @@ def critic_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
     reference = record.reference_solution if rng.random() < 0.5 else None
     context = critic.critic_context_ids(tok, task.prompt_ids(tok, record), prefix,
                                         instruction_text=task.critic_instruction(reference))
-    value = prefix_value(problem, values, tok.decode(prefix), 1.0 - step_mistake_rate)
+    value = prefix_value(problem, values, tok.decode(prefix), 1.0 - step_mistake_rate,
+                         task.settings.scoring)
     yield (np.asarray(context, np.int32),
            np.asarray(critic.value_target_ids(tok, critic.round_to_grid(value)), np.int32))
 
