@@ -118,6 +118,56 @@ def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
   return values
 
 
+def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
+                          responses: Sequence[np.ndarray], references: Sequence[str | None]
+                          ) -> list[float | None]:
+  """The critic's V(prompt . response) as the mean of its value distribution after 'Q value: '.
+
+  One forward per context reads the probabilities of the grid values' tokens (each value must be
+  one token, as in the built-in tokenizer) and returns sum_z p(z) z / sum_z p(z). A read whose
+  grid values take less than half of the next-token mass is invalid (None), as an unparseable
+  greedy reply is. Unlike the greedy reply, which is the mode, this is the critic's expectation:
+  a critic that knows little answers near the mean instead of at the most common value.
+  """
+  if not prompts:
+    return []
+  grid_ids = []
+  for value in critic.GRID:
+    ids = critic.value_target_ids(rt.tokenizer, value)[:-1]
+    if len(ids) != 1:
+      raise ValueError(f'critic readout "expectation" needs every grid value to be one token; '
+                       f'{critic.format_value(value)!r} is {len(ids)} tokens in this tokenizer')
+    grid_ids.append(ids[0])
+  contexts = [np.asarray(rt.critic_context(p, r, ref), np.int32)
+              for p, r, ref in zip(prompts, responses, references)]
+  too_long = [len(c) + 1 > rt.max_total_len for c in contexts]
+  fits = [c for c, long in zip(contexts, too_long) if not long]
+  probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh)
+               if fits else np.zeros((0, len(grid_ids))))
+  grid_M = np.asarray(critic.GRID, np.float64)
+  values, rows = [], iter(probs_NxM.astype(np.float64))
+  for long in too_long:
+    if long:
+      values.append(None)
+      continue
+    p_M = next(rows)
+    mass = p_M.sum()
+    values.append(float(p_M @ grid_M / mass) if mass >= 0.5 else None)
+  return values
+
+
+READOUTS = ('greedy', 'expectation')
+
+
+def critic_reader(readout: str):
+  """The critic-read function for a readout name ('greedy': the paper's; 'expectation')."""
+  if readout == 'greedy':
+    return critic_reads
+  if readout == 'expectation':
+    return expected_critic_reads
+  raise ValueError(f'critic readout must be one of {READOUTS}, got {readout!r}')
+
+
 def critic_records_batch(rt: Runtime, records) -> updates.CriticBatch | None:
   """Critic prompt + value target tokens per record, the targets masked, bucketed."""
   if not records:

@@ -45,6 +45,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.builtin_num_train = 20_000
   c.task.builtin_num_validation = 256
   c.task.builtin_vocab_size = 512
+  c.task.builtin_scoring = 'local'  # 'local' | 'leading' (ac2_jax/tasks/builtin.py says why)
+  c.task.builtin_critic_prompt = 'long'  # 'long' | 'short' critic instruction
   c.task.proofs_train_dir = ''     # manual dir with FineProofs-RL parquet/jsonl files
   c.task.proofs_validation_dir = ''  # manual dir with IMO-ProofBench files
   c.task.skip_malformed = False    # skip (and count) malformed data rows instead of failing
@@ -124,6 +126,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic = ml_collections.ConfigDict()
   c.critic.grad_clip = 0.2
   c.critic.max_context = 320       # critic prompt tokens; longer pairs are skipped and counted
+  c.critic.readout = 'greedy'      # 'greedy' (the paper) | 'expectation' (mean over grid tokens)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20

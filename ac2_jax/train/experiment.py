@@ -39,7 +39,9 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
     settings = builtin.ChainSettings(steps=c.task.builtin_steps, modulus=c.task.builtin_modulus,
                                      ops=c.task.builtin_ops,
                                      num_train=c.task.builtin_num_train,
-                                     num_validation=c.task.builtin_num_validation, seed=c.seed)
+                                     num_validation=c.task.builtin_num_validation, seed=c.seed,
+                                     scoring=c.task.builtin_scoring,
+                                     critic_prompt=c.task.builtin_critic_prompt)
     return builtin_tfds.build_builtin(data_dir, settings, vocab_size=c.task.builtin_vocab_size)
   if c.task.name == 'proofs':
     from ac2_jax import judges  # Only the proof task talks HTTP.
@@ -131,7 +133,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print):
       eval_sampling=sampling.SamplingSettings(temperature=c.eval.temperature, top_p=c.eval.top_p,
                                               top_k=c.eval.top_k),
       max_total_len=max_total_len, max_sample_batch=c.sampling.max_batch,
-      actor_minibatches=c.actor.minibatches,
+      actor_minibatches=c.actor.minibatches, critic_readout=c.critic.readout,
       train_records=task.records('train'), val_records=task.records('validation'))
   state = state_lib.init_state(params, update_settings.optim)
   state = runtime_lib.place_state(rt, state)

@@ -35,6 +35,7 @@ class Runtime:
   actor_minibatches: int
   train_records: Sequence[task_base.ProblemRecord]
   val_records: Sequence[task_base.ProblemRecord]
+  critic_readout: str = 'greedy'  # how a critic value is read (algorithms.rollouts.READOUTS)
   actor_step: Callable = None    # (state, ActorBatch, eps_high) -> (state, metrics)
   critic_step: Callable = None   # (state, CriticBatch, lr) -> (state, metrics)
   prompt_ids_by_id: dict = dataclasses.field(default_factory=dict)
