@@ -4,6 +4,7 @@
   python launch/bench.py kernels      # Pallas attention vs XLA attention (needs a GPU)
   python launch/bench.py controller   # plan + observe of a paper-sized AC2 step
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
+  python launch/bench.py critic --workdir=DIR   # can the critic judge the policy's prefixes?
 """
 
 import sys
@@ -19,8 +20,10 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import controller as bench
   elif name == 'judge':
     from ac2_jax.bench import judge as bench
+  elif name == 'critic':
+    from ac2_jax.bench import critic as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, kernels, controller or judge')
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, kernels, controller, judge or critic')
   bench.main(argv)
 
 

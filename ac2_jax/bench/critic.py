@@ -1,0 +1,394 @@
+"""The critic probe: can the critic judge the policy's own prefixes? (`python launch/bench.py critic`)
+
+From a run's warm start it builds prefixes of the policy's own rollouts with Monte Carlo labels
+(g continuations of each prefix to the end, the grid-rounded mean score: exactly AC2's critic
+target), holds out a share of the problems, and trains the critic alone through the real critic
+prompt, loss and update. Every `eval_every` pairs it prints, on the held-out prefixes:
+
+- MAE of the critic's reads against the labels, beside the best constant predictor's;
+- the share of prefixes whose error is under tau_local, in all and by cut position;
+- the correlation of the reads with the labels;
+- the correlation of critic chunk advantages (v_i - mean_j v_j, each chunk the first b tokens of a
+  continuation, routed as AC2 routes it) with the continuations' Monte Carlo advantages
+  (R_i - mean_j R_j), the figure the AC2 paper reports as 0.388 for its audited groups;
+- the same for a reference lookup: the prefix's lines compared with the true solution (how many
+  are written, how many earn credit), valued by the mean label of the training prefixes with the
+  same counts. That is the ceiling a critic that reads the lines should approach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import sys
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from ac2_jax import critic as critic_lib
+from ac2_jax.controller import sampling as ctl_sampling
+from ac2_jax.tasks import builtin
+
+POSITIONS = ('early', 'middle', 'late')
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+  num_problems: int = 256        # training problems with one rollout each (their prefixes)
+  held_out_problems: int = 64    # of those, problems whose prefixes are only evaluated
+  group_size: int = 8            # continuations per prefix: the Monte Carlo label
+  pairs: int = 2_000             # critic pair-updates (a record under both prompts is one pair)
+  pairs_per_update: int = 32
+  eval_every: int = 500          # pairs between evaluations
+  learning_rate: float = 0.0     # 0: the run's initial critic learning rate
+  # Critic warm-up on the SFT corpus first (exact expected values under the corpus's per-step
+  # mistake rate, no rollouts needed): pairs and that mistake rate.
+  corpus_pairs: int = 0
+  corpus_mistake_rate: float = 0.3
+  seed: int = 0
+
+
+@dataclasses.dataclass
+class ProbePrefix:
+  """One labelled prefix and its continuations."""
+
+  problem_index: int
+  prefix_P: np.ndarray            # response tokens before the cut
+  position: str                   # 'early' | 'middle' | 'late' in the reasoning
+  label: float                    # grid-rounded mean reward of the continuations
+  rewards_G: np.ndarray           # each continuation's reward
+  chunk_ends: list                # per continuation: response tokens at the chunk's end
+  chunk_scored: np.ndarray        # bool [G]: the chunk would go to the critic (else its reward)
+  lines: tuple[int, int]          # (lines written, lines credited) in the prefix
+  chunk_lines: list               # per continuation, the same counts at the chunk's end
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+  """What `critic_records_batch` reads from a critic-buffer record."""
+
+  problem_id: str
+  prefix_tokens_P: np.ndarray
+  reference: str | None
+  target: float
+  weight: float
+
+
+def line_counts(task, record, response_text: str) -> tuple[int, int]:
+  """(lines written, lines credited) of a partial built-in response, under the task's scoring."""
+  problem = builtin.parse_problem(record.prompt)
+  thinking = response_text.partition('</think>')[0]
+  written = min(thinking.count('\n'), problem.steps)  # a line counts once its break is written
+  complete = '\n'.join(thinking.split('\n')[:written])
+  credits = builtin.line_credits(problem, complete, task.settings.scoring)
+  return written, sum(credits[:written])
+
+
+def position_of(cut: int, reasoning_len: int) -> str:
+  frac = cut / max(reasoning_len, 1)
+  return POSITIONS[min(int(frac * 3), 2)]
+
+
+def build_prefixes(rt, params, controller_settings, settings: ProbeSettings, key: jax.Array,
+                   generate_rows) -> list[ProbePrefix]:
+  """Rollouts of `num_problems` training problems, every allowed cut of each, g continuations."""
+  s = controller_settings
+  tok = rt.tokenizer
+  think_close = tok.token_id('</think>')
+  rng = np.random.default_rng(settings.seed)
+  problems = rng.choice(len(rt.train_records), settings.num_problems, replace=False)
+  k1, k2 = jax.random.split(key)
+  prompts = [rt.train_prompts[p] for p in problems]
+  rows, _ = generate_rows(rt, params, prompts, [0] * len(prompts), problems,
+                          [s.response_budget] * len(prompts), [s.response_budget] * len(prompts),
+                          k1, rt.train_sampling)
+  # Every cut the controller could draw, measured against the reasoning (tokens before </think>).
+  cuts = []
+  for p, row in zip(problems, rows):
+    tokens = row.new_N[row.new_N != tok.eos_id]
+    where = np.flatnonzero(tokens == think_close)
+    reasoning = int(where[0]) if len(where) else len(tokens)
+    for cut in ctl_sampling.cut_candidates(len(tokens), s.cut_grid, s.max_cut_fraction):
+      cuts.append((int(p), tokens[:cut], position_of(int(cut), reasoning)))
+  contexts, owners = [], []
+  for j, (p, prefix, _) in enumerate(cuts):
+    for _ in range(settings.group_size):
+      contexts.append(np.concatenate([rt.train_prompts[p], prefix]).astype(np.int32))
+      owners.append(j)
+  budgets = [s.response_budget - len(cuts[j][1]) for j in owners]
+  conts, _ = generate_rows(rt, params, contexts, [len(cuts[j][1]) for j in owners],
+                           [cuts[j][0] for j in owners], budgets, budgets, k2, rt.train_sampling)
+  texts = [tok.decode(np.concatenate([cuts[j][1], r.new_N]).tolist())
+           for j, r in zip(owners, conts)]
+  grades = rt.task.score_batch([rt.train_records[cuts[j][0]] for j in owners], texts)
+  out = []
+  for j, (p, prefix, position) in enumerate(cuts):
+    members = [i for i, o in enumerate(owners) if o == j]
+    rewards = np.array([grades[i].reward for i in members], np.float32)
+    record = rt.train_records[p]
+    ends, scored, chunk_lines = [], [], []
+    for i in members:
+      new = conts[i].new_N[:s.chunk_size]
+      end = np.concatenate([prefix, new]).astype(np.int32)
+      text = tok.decode(end.tolist())
+      # Reached b new tokens with budget left: AC2 would have stopped it there.
+      capped = len(conts[i].new_N) > s.chunk_size
+      scored.append(capped and not rt.task.has_complete_answer(text))
+      ends.append(end)
+      chunk_lines.append(line_counts(rt.task, record, text))
+    out.append(ProbePrefix(
+        problem_index=p, prefix_P=np.asarray(prefix, np.int32), position=position,
+        label=critic_lib.round_to_grid(float(rewards.mean())), rewards_G=rewards,
+        chunk_ends=ends, chunk_scored=np.array(scored),
+        lines=line_counts(rt.task, record, tok.decode(prefix.tolist())), chunk_lines=chunk_lines))
+  return out
+
+
+def split(prefixes: Sequence[ProbePrefix], held_out_problems: int, seed: int):
+  """(train, held-out) by problem, so no held-out problem is ever trained on."""
+  problems = sorted({p.problem_index for p in prefixes})
+  rng = np.random.default_rng(seed + 1)
+  held = set(rng.choice(problems, min(held_out_problems, len(problems) - 1), replace=False).tolist())
+  return ([p for p in prefixes if p.problem_index not in held],
+          [p for p in prefixes if p.problem_index in held])
+
+
+class Lookup:
+  """Values a prefix by the mean training label of prefixes with the same line counts."""
+
+  def __init__(self, train: Sequence[ProbePrefix]):
+    self.mean = float(np.mean([p.label for p in train]))
+    sums: dict = {}
+    for p in train:
+      n, c = sums.get(p.lines, (0, 0.0))
+      sums[p.lines] = (n + 1, c + p.label)
+    self.table = {k: c / n for k, (n, c) in sums.items()}
+
+  def __call__(self, lines: tuple[int, int]) -> float:
+    return self.table.get(lines, self.mean)
+
+
+def _corr(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if len(a) < 2 or a.std() == 0 or b.std() == 0:
+    return 0.0
+  return float(np.corrcoef(a, b)[0, 1])
+
+
+def figures(values: Sequence[float | None], chunk_values: Sequence[np.ndarray],
+            held: Sequence[ProbePrefix], constant: float, tau_local: float) -> dict:
+  """The probe's figures for one predictor: its prefix values and its chunk-end values."""
+  labels = np.array([p.label for p in held])
+  v = np.array([1.0 if x is None else x for x in values])  # an unparseable read is error 1
+  err = np.where([x is None for x in values], 1.0, np.abs(v - labels))
+  out = {'mae': float(err.mean()), 'mae_constant': float(np.abs(labels - constant).mean()),
+         'under_tau_local': float((err < tau_local).mean()),
+         'under_tau_local_constant': float((np.abs(labels - constant) < tau_local).mean()),
+         'corr': _corr(v, labels), 'invalid': int(sum(x is None for x in values))}
+  for pos in POSITIONS:
+    sel = np.array([p.position == pos for p in held])
+    if sel.any():
+      out[f'mae/{pos}'] = float(err[sel].mean())
+      out[f'under_tau_local/{pos}'] = float((err[sel] < tau_local).mean())
+  critic_adv, mc_adv = [], []
+  for p, ends in zip(held, chunk_values):
+    # Routed as AC2 routes: chunks that hit the cap with no answer take the predictor's value.
+    e = np.where(p.chunk_scored, ends, p.rewards_G)
+    valid = np.isfinite(e)
+    e = np.where(valid, e, e[valid].mean() if valid.any() else 0.0)
+    critic_adv.extend(e - e.mean())
+    mc_adv.extend(p.rewards_G - p.rewards_G.mean())
+  out['chunk_adv_corr'] = _corr(critic_adv, mc_adv)
+  out['chunks_scored'] = float(np.mean(np.concatenate([p.chunk_scored for p in held])))
+  return out
+
+
+def records_for(rt, prefixes: Sequence[ProbePrefix], use_reference: bool = True) -> list[_Record]:
+  """Critic records of labelled prefixes: with a reference under both prompts at w = 1/2."""
+  out = []
+  for p in prefixes:
+    r = rt.train_records[p.problem_index]
+    if use_reference:
+      out.append(_Record(r.id, p.prefix_P, r.reference_solution, p.label, 0.5))
+      out.append(_Record(r.id, p.prefix_P, None, p.label, 0.5))
+    else:
+      out.append(_Record(r.id, p.prefix_P, None, p.label, 1.0))
+  return out
+
+
+def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, constant: float,
+             tau_local: float) -> tuple[dict, dict]:
+  """(critic figures, lookup figures) on the held-out prefixes; reads use the reference."""
+  prompts, responses, refs, owner = [], [], [], []
+  for j, p in enumerate(held):
+    r = rt.train_records[p.problem_index]
+    prompts.append(rt.train_prompts[p.problem_index])
+    responses.append(p.prefix_P)
+    refs.append(r.reference_solution)
+    owner.append((j, -1))
+    for g, end in enumerate(p.chunk_ends):
+      if p.chunk_scored[g]:
+        prompts.append(rt.train_prompts[p.problem_index])
+        responses.append(end)
+        refs.append(r.reference_solution)
+        owner.append((j, g))
+  values = read(rt, params, prompts, responses, refs)
+  prefix_values = [None] * len(held)
+  chunk_values = [np.full(len(p.chunk_ends), np.nan) for p in held]
+  for (j, g), v in zip(owner, values):
+    if g < 0:
+      prefix_values[j] = v
+    else:
+      chunk_values[j][g] = np.nan if v is None else v
+  critic_fig = figures(prefix_values, chunk_values, held, constant, tau_local)
+  lookup_fig = figures([lookup(p.lines) for p in held],
+                       [np.array([lookup(c) for c in p.chunk_lines]) for p in held],
+                       held, constant, tau_local)
+  return critic_fig, lookup_fig
+
+
+def pairs_batch(rt, pairs):
+  """A critic batch of (context ids, value target ids) pairs at weight 1."""
+  from ac2_jax.algorithms import rollouts
+  from ac2_jax.sampling import requests as requests_lib
+  from ac2_jax.train import updates
+  T = requests_lib.bucket(max(len(c) + len(t) for c, t in pairs))
+  B = rollouts._bucket_rows(len(pairs), rt.batch_multiple)
+  tokens = np.zeros((B, T), np.int32)
+  mask = np.zeros((B, T), np.float32)
+  weights = np.zeros((B,), np.float32)
+  for b, (c, t) in enumerate(pairs):
+    tokens[b, :len(c)] = c
+    tokens[b, len(c):len(c) + len(t)] = t
+    mask[b, len(c):len(c) + len(t)] = 1.0
+    weights[b] = 1.0
+  return rt.put_batch(updates.CriticBatch(tokens, mask, weights))
+
+
+def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[ProbePrefix],
+                       settings: ProbeSettings, *, learning_rate: float, tau_local: float, read,
+                       records_batch, log=print, corpus=None) -> list[dict]:
+  """Trains the critic alone on `train` and evaluates on `held` every `eval_every` pairs.
+
+  With `corpus` (an iterator of (context, target) ids), the first `corpus_pairs` pairs come from
+  it instead.
+  """
+  lookup = Lookup(train)
+  constant = lookup.mean
+  records = records_for(rt, train)
+  rng = np.random.default_rng(settings.seed + 2)
+  curve, done, start = [], 0, time.time()
+
+  def report():
+    c, l = evaluate(rt, state.params, held, read, lookup, constant, tau_local)
+    entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
+    curve.append(entry)
+    log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {c["mae"]:.3f} '
+        f'(constant {c["mae_constant"]:.3f}, lookup {l["mae"]:.3f})  '
+        f'under tau_local {c["under_tau_local"]:.2f} (constant '
+        f'{c["under_tau_local_constant"]:.2f}, lookup {l["under_tau_local"]:.2f})  '
+        f'corr {c["corr"]:+.3f} (lookup {l["corr"]:+.3f})  chunk-adv corr '
+        f'{c["chunk_adv_corr"]:+.3f} (lookup {l["chunk_adv_corr"]:+.3f})  invalid {c["invalid"]}')
+    return entry
+
+  report()
+  lr = np.float32(learning_rate)
+  total = settings.pairs + (settings.corpus_pairs if corpus is not None else 0)
+  while done < total:
+    if corpus is not None and done < settings.corpus_pairs:
+      n = settings.pairs_per_update
+      batch = pairs_batch(rt, [next(corpus) for _ in range(n)])
+    else:
+      take = rng.choice(len(records), min(settings.pairs_per_update, len(records)), replace=False)
+      n = len(take)
+      batch = records_batch(rt, [records[i] for i in take])
+    state, _ = rt.critic_step(state, batch, lr)
+    done += n
+    if done // settings.eval_every != (done - n) // settings.eval_every:
+      report()
+  if curve[-1]['pairs'] != done:
+    report()
+  return curve
+
+
+def _override(config, item: str) -> None:
+  """Sets `KEY=VALUE` on the config, with the type of the key's current value."""
+  key, sep, text = item.partition('=')
+  *path, leaf = key.split('.')
+  node = config
+  try:
+    for part in path:
+      node = node[part]
+    old = node[leaf]
+  except KeyError:
+    raise SystemExit(f'--set={item}: unknown config key {key!r}') from None
+  if not sep:
+    raise SystemExit(f'--set={item}: expected KEY=VALUE')
+  with config.unlocked():
+    node[leaf] = (text.lower() in ('1', 'true', 'yes') if isinstance(old, bool)
+                  else type(old)(text))
+
+
+def main(argv: Sequence[str]) -> None:
+  parser = argparse.ArgumentParser(prog='bench.py critic', description=__doc__.split('\n')[0])
+  parser.add_argument('--config', default='configs/ac2.py', help='config file[:arg]')
+  parser.add_argument('--workdir', required=True, help='run directory (its warm start is reused)')
+  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                      help='config override, e.g. --set=critic.readout=expectation')
+  for f in dataclasses.fields(ProbeSettings):
+    parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
+  parser.add_argument('--out', default='', help='JSON file for the learning curve')
+  parser.add_argument('--prefixes', default='',
+                      help='pickle of the labelled prefixes: read if it exists, else written (reuse '
+                           'one set across levers that leave the policy and the labels alone)')
+  args = parser.parse_args(argv)
+  from absl import flags
+  from ml_collections import config_flags
+  from ac2_jax.algorithms import rollouts
+  from ac2_jax.train import experiment
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'config file', flag_values=flag_values,
+                                  lock_config=True)
+  flag_values(['probe', f'--config={args.config}'])
+  config = flag_values.config
+  for item in args.set:
+    _override(config, item)
+  settings = ProbeSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ProbeSettings)})
+  rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
+  ctl_settings = experiment.controller_settings(config)
+  t0 = time.time()
+  if args.prefixes and os.path.isfile(args.prefixes):
+    with open(args.prefixes, 'rb') as f:
+      prefixes = pickle.load(f)
+  else:
+    prefixes = build_prefixes(rt, state.params, ctl_settings, settings,
+                              jax.random.key(settings.seed), rollouts.generate_rows)
+    if args.prefixes:
+      with open(args.prefixes, 'wb') as f:
+        pickle.dump(prefixes, f)
+  train, held = split(prefixes, settings.held_out_problems, settings.seed)
+  print(f'{len(prefixes)} prefixes ({len(train)} train, {len(held)} held out) of '
+        f'{settings.num_problems} rollouts x g={settings.group_size} in {time.time() - t0:.0f}s; '
+        f'equal-reward groups {np.mean([p.rewards_G.std() == 0 for p in prefixes]):.2f}')
+  lr = settings.learning_rate or ctl_settings.critic_lr_init
+  corpus = None
+  if settings.corpus_pairs:
+    from ac2_jax.tasks import builtin_sft
+    corpus = builtin_sft.critic_examples(rt.task, rt.tokenizer,
+                                         step_mistake_rate=settings.corpus_mistake_rate,
+                                         seed=settings.seed + 3)
+  curve = train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
+                             tau_local=ctl_settings.tau_local,
+                             read=rollouts.critic_reader(config.critic.readout),
+                             records_batch=rollouts.critic_records_batch, corpus=corpus)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, 'w') as f:
+      json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
+                 'overrides': args.set, 'curve': curve}, f, indent=1)
+  sys.stdout.flush()
