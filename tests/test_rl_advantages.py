@@ -153,3 +153,11 @@ def test_pact_advantages_and_targets():
   targets, keep = jax.jit(pact.critic_targets)(new, old, jnp.array([0.5]), jnp.array([[1, 1, 1]]))
   np.testing.assert_allclose(targets, [[1.0, 0.0, 0.5]], rtol=1e-5)
   np.testing.assert_array_equal(keep, [[True, False, True]])
+
+
+def test_zero_variance_share():
+  from ac2_jax.rl.advantages import zero_variance_share
+  # Two of three groups of several values are all equal; the single is left out.
+  assert zero_variance_share([[0.5, 0.5, 0.5], [0.0, 1.0], [1 / 7, 1 / 7], [0.3]]) == 2 / 3
+  assert zero_variance_share([[0.2]]) is None and zero_variance_share([]) is None
+  assert zero_variance_share(np.array([[0.1, 0.2], [0.3, 0.3]])) == 0.5

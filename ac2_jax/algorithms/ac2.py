@@ -17,6 +17,7 @@ import numpy as np
 from ac2_jax import controller as ctl
 from ac2_jax import sampling
 from ac2_jax.algorithms import rollouts
+from ac2_jax.algorithms import timing
 from ac2_jax.controller.steps import RequestKind, ValueSource
 from ac2_jax.rl import advantages as adv_lib
 from ac2_jax.train.runtime import Runtime
@@ -46,7 +47,9 @@ class AC2:
     return None if self.settings.no_reference else self.controller.reference(problem_id)
 
   def step(self, rt: Runtime, state, step: int, key: jax.Array):
-    plan = self.controller.plan(step)
+    timer = timing.PhaseTimer()
+    with timer('controller'):
+      plan = self.controller.plan(step)
     requests = plan.requests
     owner, contexts, prefix_lens, pidx, caps, budgets = [], [], [], [], [], []
     for r, req in enumerate(requests):
@@ -59,8 +62,9 @@ class AC2:
         pidx.append(p)
         caps.append(req.max_new_tokens)
         budgets.append(req.remaining_budget)
-    rows, flops = rollouts.generate_rows(rt, state.params, contexts, prefix_lens, pidx, caps,
-                                         budgets, key, rt.train_sampling)
+    with timer('generate'):
+      rows, flops = rollouts.generate_rows(rt, state.params, contexts, prefix_lens, pidx, caps,
+                                           budgets, key, rt.train_sampling)
     texts = rollouts.response_texts(rt, rows)
 
     # Routing (ALGORITHMS.md AC2 item 3).
@@ -68,8 +72,9 @@ class AC2:
                  and row.stop_reason == 'chunk_cap' and not rt.task.has_complete_answer(texts[i])
                  for i, row in enumerate(rows)]
     judged = [i for i in range(len(rows)) if not to_critic[i]]
-    grades = dict(zip(judged, rt.task.score_batch([rt.train_records[rows[i].problem_index]
-                                                   for i in judged], [texts[i] for i in judged])))
+    with timer('judge'):
+      grades = dict(zip(judged, rt.task.score_batch(
+          [rt.train_records[rows[i].problem_index] for i in judged], [texts[i] for i in judged])))
 
     # Critic reads, all with the pre-update weights: endpoints, then V(s) at the prefixes.
     read_prompts, read_responses, read_refs = [], [], []
@@ -86,7 +91,9 @@ class AC2:
       read_prompts.append(rt.train_prompts[self._index[req.problem_id]])
       read_responses.append(req.prefix_tokens_P)
       read_refs.append(self._reference(req.problem_id))
-    values = rollouts.critic_reads(rt, state.params, read_prompts, read_responses, read_refs)
+    with timer('critic_reads'):
+      values = rollouts.critic_reader(rt.critic_readout)(rt, state.params, read_prompts,
+                                                         read_responses, read_refs)
     endpoint_value = dict(zip(endpoint_rows, values[:len(endpoint_rows)]))
     prefix_value = dict(zip(prefix_reqs, values[len(endpoint_rows):]))
 
@@ -111,7 +118,8 @@ class AC2:
                              reference=rt.task.reference_from_response(texts[i]) if passing else None)
       per_request[owner[i]].append(c)
     results = [ctl.RequestResult(tuple(cs), prefix_value.get(r)) for r, cs in enumerate(per_request)]
-    outcome = self.controller.observe(step, results)
+    with timer('controller'):
+      outcome = self.controller.observe(step, results)
 
     # Adaptive entropy control over rows with an empty prefix, before the actor update.
     empty = [r for r in rows if r.prefix_len == 0 and len(r.entropies_N)]
@@ -120,23 +128,31 @@ class AC2:
 
     self._assign_advantages(rows, owner, requests, actor_value, actor_valid, prefix_value)
 
-    state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
+    with timer('actor_updates'):
+      state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
     critic_metrics = {}
     if self.use_critic:
-      state, critic_metrics = self._critic_update(rt, state, step)
-    state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
+      with timer('critic_update'):
+        state, critic_metrics = self._critic_update(rt, state, step)
+    with timer('actor_updates'):
+      state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
     if self.use_critic and 'update_norm' in critic_metrics:
       self.controller.critic_lr.observe(critic_metrics['update_norm'], m1.get('update_norm', 0.0),
                                         m2.get('update_norm', 0.0),
                                         finite=critic_metrics['skipped'] == 0.0)
 
     trained = [r for r in rows if r.weight > 0]
+    groups = {}
+    for i, r in enumerate(owner):
+      if requests[r].kind != RequestKind.REFILL:
+        groups.setdefault(r, []).append(actor_value[i])
     refills = [i for i in range(len(rows)) if requests[owner[i]].kind == RequestKind.REFILL]
     metrics = {
         **{k: v for k, v in outcome.stats.as_dict().items()
            if self.use_critic or 'critic' not in k},
         'entropy': entropy, 'eps_high': eps_high,
         'reward/judged_mean': _mean([grades[i].reward for i in judged]),
+        'replay/zero_variance_groups': adv_lib.zero_variance_share(list(groups.values())),
         'reward/refill_mean': _mean([grades[i].reward for i in refills if i in grades]),
         'judge_failures': sum(not g.valid for g in grades.values()),
         'routed_to_critic': len(endpoint_rows),
@@ -148,6 +164,7 @@ class AC2:
         'decoding_flops': flops,
         **{f'actor1/{k}': v for k, v in m1.items()}, **{f'actor2/{k}': v for k, v in m2.items()},
         **{f'critic/{k}': v for k, v in critic_metrics.items()},
+        **timer.metrics(),
     }
     if self.use_critic:
       metrics['critic_lr'] = self.controller.critic_lr.lr

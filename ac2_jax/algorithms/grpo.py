@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from ac2_jax.algorithms import rollouts
+from ac2_jax.algorithms import timing
 from ac2_jax.controller import rng as rng_lib
 from ac2_jax.controller.schedules import EntropyController
 from ac2_jax.controller.settings import ControllerSettings
@@ -50,11 +51,14 @@ class GRPO:
     problems = rng.choice(len(rt.train_records), size=s.problems_per_step, replace=False)
     pidx = np.repeat(problems, s.group_size)
     contexts = [rt.train_prompts[p] for p in pidx]
-    rows, flops = rollouts.generate_rows(rt, state.params, contexts, [0] * len(pidx), pidx,
-                                         [s.response_budget] * len(pidx),
-                                         [s.response_budget] * len(pidx), key, rt.train_sampling)
+    timer = timing.PhaseTimer()
+    with timer('generate'):
+      rows, flops = rollouts.generate_rows(rt, state.params, contexts, [0] * len(pidx), pidx,
+                                           [s.response_budget] * len(pidx),
+                                           [s.response_budget] * len(pidx), key, rt.train_sampling)
     texts = rollouts.response_texts(rt, rows)
-    grades = rt.task.score_batch([rt.train_records[p] for p in pidx], texts)
+    with timer('judge'):
+      grades = rt.task.score_batch([rt.train_records[p] for p in pidx], texts)
     rewards_NxG = np.array([g.reward for g in grades], np.float32).reshape(-1, s.group_size)
     adv_NxG = np.asarray(adv_lib.grpo_advantages(rewards_NxG, normalize_std=s.normalize_std))
     for row, a in zip(rows, adv_NxG.reshape(-1)):
@@ -62,16 +66,19 @@ class GRPO:
 
     entropy = float(np.mean(np.concatenate([r.entropies_N for r in rows])))
     eps_high = self.entropy.update(entropy)
-    state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
-    state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
+    with timer('actor_updates'):
+      state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
+      state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
     metrics = {
         'entropy': entropy, 'eps_high': eps_high,
         'reward/judged_mean': float(rewards_NxG.mean()),
+        'grpo/zero_variance_groups': adv_lib.zero_variance_share(rewards_NxG),
         'judge_failures': sum(not g.valid for g in grades),
         'adv/abs_mean': float(np.abs(adv_NxG).mean()),
         'rows_trained': len(rows),
         'tokens_generated': int(sum(len(r.new_N) for r in rows)),
         'decoding_flops': flops,
         **{f'actor1/{k}': v for k, v in m1.items()}, **{f'actor2/{k}': v for k, v in m2.items()},
+        **timer.metrics(),
     }
     return state, metrics

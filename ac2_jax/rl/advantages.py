@@ -8,6 +8,7 @@ absent rows. `to_tokens` spreads a per-row advantage over that row's loss tokens
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ac2_jax.critic import values as critic_values
 
@@ -122,3 +123,15 @@ def to_tokens(advantages_B, mask_BxT):
     raise ValueError(
         f'advantages_B {jnp.shape(advantages_B)} does not match mask_BxT {jnp.shape(mask_BxT)}')
   return jnp.asarray(advantages_B, jnp.float32)[:, None] * jnp.asarray(mask_BxT, jnp.float32)
+
+
+def zero_variance_share(groups) -> float | None:
+  """Share of groups (sequences of endpoint values) whose values are all equal: they teach nothing.
+
+  Groups of one value are left out (group-size-1 singles have a critic baseline instead); None
+  when no group is left.
+  """
+  sized = [np.asarray(g, np.float64) for g in groups if len(g) > 1]
+  if not sized:
+    return None
+  return float(np.mean([np.ptp(g) < 1e-9 for g in sized]))
