@@ -369,3 +369,34 @@ def test_make_proof_task_from_files(data_dir):
       validation_manual_dir=str(FIXTURES / 'imo_proofbench_csv'), data_dir=str(data_dir))
   task = proofs.make_proof_task(settings, train_judge=None)
   assert len(task.records('train')) == 3 and len(task.records('validation')) == 3
+
+
+def test_prompts_over_the_context_limit_rejected_or_skipped_and_counted(tmp_path, data_dir, tok,
+                                                                          caplog):
+  manual = tmp_path / 'train'
+  shutil.copytree(FIXTURES / 'fineproofs_rl_jsonl', manual)
+  with open(manual / 'train.jsonl', 'a', encoding='utf-8') as f:
+    f.write('{"problem": "Prove that %s is long.", "source": "x", "rubrics": "7"}\n'
+            % ('the square root of two ' * 400))
+  settings = proofs.ProofDataSettings(
+      train_manual_dir=str(manual), validation_manual_dir=str(FIXTURES / 'imo_proofbench_csv'),
+      data_dir=str(data_dir), max_prompt_tokens=1000)
+  with pytest.raises(pt.MalformedRowError) as e:
+    proofs.make_proof_task(settings, train_judge=None, tokenizer=tok)
+  text = str(e.value)
+  assert '\n' not in text and text.startswith('train.jsonl: row 5: prompt is '), text
+  assert 'tokens long, more than max_prompt_tokens=1,000 (the context limit; train split)' in text
+  skipping = dataclasses.replace(
+      settings, train=dataclasses.replace(pt.FINEPROOFS_RL, skip_malformed=True))
+  task = proofs.make_proof_task(skipping, train_judge=None, tokenizer=tok)
+  assert task.num_long_prompts == {'train': 1, 'validation': 0}
+  assert len(task.records('train')) == 3 and len(task.records('validation')) == 3
+  assert max(len(task.prompt_ids(tok, r)) for r in task.records('train')) <= 1000
+  assert 'skipped 1 train prompts longer than max_prompt_tokens=1000' in caplog.text
+  # Without a tokenizer (or with limit 0) there is no check.
+  assert len(proofs.make_proof_task(settings, train_judge=None).records('train')) == 4
+  unlimited = dataclasses.replace(settings, max_prompt_tokens=0)
+  assert len(proofs.make_proof_task(unlimited, train_judge=None, tokenizer=tok)
+             .records('train')) == 4
+  with pytest.raises(ValueError, match='max_prompt_tokens must be >= 0'):
+    proofs.ProofTask([], [], train_judge=None, max_prompt_tokens=-1)
