@@ -225,7 +225,8 @@ def test_index_naming_a_tensor_its_file_lacks(tmp_path):
   hf_index['weight_map'][name] = next(f for f in set(hf_index['weight_map'].values()) if f != shard)
   with open(index, 'w') as f:
     json.dump(hf_index, f)
-  with pytest.raises(ValueError, match=rf'-of-00003\.safetensors: no tensor {name}, though the index'):
+  with pytest.raises(ValueError,
+                     match=rf'-of-00003\.safetensors: no tensor {name}, though the index'):
     load_hf_checkpoint(path)
 
 

@@ -148,7 +148,8 @@ def _write_bad_file(manual: pathlib.Path, kind: str) -> tuple[str, str]:
     return 'bad.csv', 'bad.csv: empty file: no rows'
   if kind == 'latin1_jsonl':
     (manual / 'bad.jsonl').write_bytes(
-        _GOOD.replace('2 + 2', '3 + 3').encode() + '{"problem": "Prove caf\xe9."}\n'.encode('latin-1'))
+        _GOOD.replace('2 + 2', '3 + 3').encode()
+        + '{"problem": "Prove caf\xe9."}\n'.encode('latin-1'))
     return 'bad.jsonl', 'bad.jsonl: row 2: not valid UTF-8 (byte 0xe9'
   if kind == 'latin1_csv':
     (manual / 'bad.csv').write_bytes(

@@ -17,10 +17,10 @@ def sampling_log_probs(logits_BxV: jax.Array, settings: SamplingSettings) -> jax
   """Float32 log-probabilities of the sampling distribution; -inf outside its support.
 
   Ids >= `settings.valid_vocab_size` (when set) are outside the support: vocabulary rows the
-  tokenizer has no token for. Top-k keeps every token whose tempered logit is at least the k-th largest (ties kept); top-p then
-  keeps the most likely tokens until the probability before a token reaches `top_p` (so the token
-  that crosses `top_p` is kept). Both cuts are thresholds on logit values, so a recomputation on
-  logits equal within rounding gives the same support.
+  tokenizer has no token for. Top-k keeps every token whose tempered logit is at least the k-th
+  largest (ties kept); top-p then keeps the most likely tokens until the probability before a
+  token reaches `top_p` (so the token that crosses `top_p` is kept). Both cuts are thresholds on
+  logit values, so a recomputation on logits equal within rounding gives the same support.
   """
   x_BxV = logits_BxV.astype(jnp.float32) / settings.temperature
   V = x_BxV.shape[-1]

@@ -65,7 +65,8 @@ def read_metrics(path: str) -> list[dict]:
 
   Except a torn last line: one without its newline that does not parse is what a run killed
   mid-append leaves behind (every record is written with its newline in one append), so it is
-  dropped with a warning. A malformed line anywhere else, or one that ends in a newline, is an error.
+  dropped with a warning. A malformed line anywhere else, or one that ends in a newline, is an
+  error.
   """
   with open(path, encoding='utf-8', errors='replace') as f:
     lines = f.readlines()
