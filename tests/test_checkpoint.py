@@ -18,7 +18,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from ac2_jax import sharding
-from ac2_jax.models import get_config, load_hf_checkpoint, logits, save_hf_checkpoint
+from ac2_jax.models import (check_vocabulary, get_config, load_hf_checkpoint, logits,
+                            save_hf_checkpoint)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), 'fixtures', 'qwen3_tiny')
 TIED = os.path.join(FIXTURE, 'tied')
@@ -188,6 +189,77 @@ def test_broken_directories(tmp_path):
   os.remove(os.path.join(path, 'model-00002-of-00003.safetensors'))
   with pytest.raises(ValueError, match='mapped to missing file model-00002-of-00003'):
     load_hf_checkpoint(path)
+
+
+def _one_line(e) -> str:
+  message = str(e.value)
+  assert '\n' not in message, message
+  return message
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'bad_header', 'empty', 'huge_header'])
+def test_corrupt_safetensors_error_names_the_file(tmp_path, damage):
+  single = _copy(FIXTURE, tmp_path / 'single')
+  sharded = _copy(TIED, tmp_path / 'sharded')
+  for file in (os.path.join(single, 'model.safetensors'),
+               os.path.join(sharded, 'model-00002-of-00003.safetensors')):
+    raw = open(file, 'rb').read()
+    broken = {'truncated': raw[:len(raw) // 2],
+              'bad_header': raw[:8] + b'{bad' + raw[12:],
+              'empty': b'',
+              'huge_header': (10 ** 12).to_bytes(8, 'little') + raw[8:]}[damage]
+    open(file, 'wb').write(broken)
+    with pytest.raises(ValueError) as e:
+      load_hf_checkpoint(os.path.dirname(file))
+    message = _one_line(e)
+    assert message.startswith(f'{file}: not a readable safetensors file'), message
+
+
+def test_index_naming_a_tensor_its_file_lacks(tmp_path):
+  path = _copy(TIED, tmp_path / 'tied')
+  index = os.path.join(path, 'model.safetensors.index.json')
+  with open(index) as f:
+    hf_index = json.load(f)
+  name = 'model.layers.0.mlp.up_proj.weight'
+  shard = hf_index['weight_map'][name]
+  hf_index['weight_map'][name] = next(f for f in set(hf_index['weight_map'].values()) if f != shard)
+  with open(index, 'w') as f:
+    json.dump(hf_index, f)
+  with pytest.raises(ValueError,
+                     match=rf'-of-00003\.safetensors: no tensor {name}, though the index'):
+    load_hf_checkpoint(path)
+
+
+@pytest.mark.parametrize('which, text, reason', [
+    ('config.json', '{"vocab_size": 256,', 'malformed config.json: Expecting'),
+    ('config.json', '[1, 2]', 'malformed config.json: a JSON list, not an object'),
+    ('config.json', b'{"a": "\xff"}', 'malformed config.json: '),
+    ('config.json', '{"vocab_size": 256}', "missing keys ['hidden_size'"),
+    ('model.safetensors.index.json', '{"weight_map": ', 'malformed safetensors index: '),
+])
+def test_malformed_json_error_names_the_file(tmp_path, which, text, reason):
+  path = _copy(TIED, tmp_path / 'tied')
+  mode = 'wb' if isinstance(text, bytes) else 'w'
+  with open(os.path.join(path, which), mode) as f:
+    f.write(text)
+  with pytest.raises(ValueError) as e:
+    load_hf_checkpoint(path)
+  assert _one_line(e).startswith(f'{os.path.join(path, which)}: {reason}'), str(e.value)
+  os.remove(os.path.join(path, which))
+  with pytest.raises((FileNotFoundError, ValueError), match=path):
+    load_hf_checkpoint(path)
+
+
+def test_check_vocabulary():
+  config = get_config('tiny')  # 512 rows
+  check_vocabulary(config, 512)
+  check_vocabulary(config, 300)  # a padded embedding is fine
+  with pytest.raises(ValueError) as e:
+    check_vocabulary(config, 600, where='/ckpt/qwen')
+  assert _one_line(e).startswith('/ckpt/qwen: the model has 512 vocabulary rows but the '
+                                 'tokenizer has 600 ids')
+  with pytest.raises(ValueError, match='must be >= 1'):
+    check_vocabulary(config, 0)
 
 
 def test_save_rejects_params_not_matching_config(tmp_path):

@@ -45,8 +45,13 @@ def test_parse_value():
            '-0.1': None, '.': None}
   for text, expected in cases.items():
     assert critic.parse_value(text) == expected, text
-  # The regex reads the leading number only: '1.5' starts with '1'.
-  assert critic.parse_value('1.5') == 1.0
+  # The spec regex alone reads '1.5' as 1; a number that runs on past the match is invalid
+  # (ALGORITHMS.md item 8), while text after a complete number is still ignored.
+  for text in ('1.5', '1.05', '0.55', '10', '1.0001', '01', '1.5<|im_end|>', ' 1.05 ', '.75'):
+    assert critic.parse_value(text) is None, text
+  for text, expected in {'1.': 1.0, '0.7.': 0.7, '1 point': 1.0, '0.3, since': 0.3,
+                         '1.0<|im_end|>': 1.0, '0.4\n': 0.4}.items():
+    assert critic.parse_value(text) == expected, text
   with pytest.raises(TypeError, match='str'):
     critic.parse_value(0.5)
 

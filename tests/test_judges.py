@@ -1,5 +1,6 @@
 """Judges: points parsing, templates, and the HTTP judge against a real localhost server."""
 
+import base64
 import collections
 import logging
 import socket
@@ -10,6 +11,7 @@ import pytest
 
 from ac2_jax.judges import grading
 from ac2_jax.judges import local_server
+from ac2_jax.judges import secrets
 from ac2_jax.judges import templates
 from ac2_jax.judges.http import HttpJudge, HttpJudgeSettings
 from ac2_jax.judges.templates import JudgeRequest
@@ -180,6 +182,17 @@ class Script:
     if case == 'echo-key':
       # A hostile server echoing the credentials back in an error body.
       return local_server.Reply(401, {'error': req.headers.get('Authorization', '')})
+    if case == 'echo-key-forms':
+      # The key echoed back raw, escaped, percent-encoded and base64-encoded, in a valid reply.
+      key = req.headers.get('Authorization', '').removeprefix('Bearer ')
+      forms = [key, repr(key + '\n'), repr(key.encode()), base64.b64encode(key.encode()).decode(),
+               base64.b64encode(f'user:{key}'.encode()).decode(),
+               base64.urlsafe_b64encode(f'xy{key}'.encode()).decode()]
+      return local_server.Reply(200, local_server.completion_body(
+          ' | '.join(forms) + ' <points>6 out of 7</points>'))
+    if case == 'echo-key-at-cut':
+      # The key straddles the cut of the error body kept in the detail.
+      return local_server.Reply(403, 'x' * 190 + req.headers.get('Authorization', ''))
     if case == 'slow':
       return local_server.Reply(200, ok, delay_s=1.5)
     if case == 'concurrency':
@@ -287,6 +300,49 @@ def test_api_key_sent_as_bearer_and_never_logged(server, monkeypatch, caplog):
   everything = text + caplog.text + ''.join(g.detail + g.judge_output for g in grades)
   assert SECRET not in everything
   assert 'invalid (http_error)' in caplog.text  # failures are logged, just without the key
+
+
+def test_api_key_with_trailing_newline_is_stripped_and_scrubbed_in_every_form(
+    server, monkeypatch, caplog):
+  # A key read from a secret file keeps the file's newline.
+  monkeypatch.setenv(KEY_ENV, f'  {SECRET}\n')
+  caplog.set_level(logging.DEBUG)
+  with HttpJudge(_settings(server, api_key_env=KEY_ENV, max_retries=0)) as judge:
+    grades = judge.grade_batch([JudgeRequest('well', 'p'), JudgeRequest('echo-key-forms', 'p'),
+                                JudgeRequest('echo-key-at-cut', 'p'),
+                                JudgeRequest('echo-key', 'p')])
+  assert [r.headers['Authorization'] for r in server.requests] == [f'Bearer {SECRET}'] * 4
+  assert [(g.points, g.status) for g in grades] == [
+      (5, 'ok'), (6, 'ok'), (None, 'http_error'), (None, 'http_error')]
+  assert grades[1].judge_output.count('[redacted]') == 6
+  # Scrubbed before the body is cut to the detail's length: no fragment of the key survives.
+  assert 'HTTP 403' in grades[2].detail and grades[2].detail.endswith('Bearer [re')
+  everything = caplog.text + ''.join(g.detail + g.judge_output for g in grades)
+  raw = SECRET.encode()
+  for leak in (SECRET, SECRET[:12], SECRET[-12:], repr(SECRET + '\n'),
+               base64.b64encode(raw).decode()[:16], base64.b64encode(b'user:' + raw).decode()[8:24],
+               base64.urlsafe_b64encode(b'xy' + raw).decode()[4:20]):
+    assert leak not in everything, leak
+  assert 'invalid (http_error)' in caplog.text
+
+
+@pytest.mark.parametrize('value', ['', ' \n', 'sk-two\nlines', 'sk-tab\tinside', 'sk-\u00e9'])
+def test_unusable_api_key_is_refused_without_printing_it(monkeypatch, value):
+  monkeypatch.setenv(KEY_ENV, value)
+  with pytest.raises(ValueError, match=KEY_ENV) as e:
+    HttpJudge(HttpJudgeSettings('http://127.0.0.1:1/v1', 'm', api_key_env=KEY_ENV))
+  assert '\n' not in str(e.value) and (not value.strip() or value.strip() not in str(e.value))
+
+
+def test_scrubber_finds_base64_at_every_alignment():
+  scrub = secrets.Scrubber(SECRET)
+  raw = SECRET.encode()
+  for lead in range(6):
+    for tail in range(3):
+      text = base64.b64encode(b'L' * lead + raw + b'T' * tail).decode()
+      assert '[redacted]' in scrub(text) and scrub(text).count('[redacted]') == 1
+  assert scrub('nothing secret here') == 'nothing secret here'
+  assert secrets.Scrubber()('abc') == 'abc'
 
 
 def test_concurrency_is_bounded(server):

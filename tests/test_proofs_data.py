@@ -115,6 +115,105 @@ def test_malformed_parquet_rows(data_dir):
       (2, "column 'problem' is null"), (3, "column 'problem' is empty")]
 
 
+# A good row, and one bad file per kind of trouble (written here, read by the real builder).
+_GOOD = '{"problem": "Prove that 2 + 2 = 4.", "source": "aops", "rubrics": "7 pts"}\n'
+
+
+def _write_bad_file(manual: pathlib.Path, kind: str) -> tuple[str, str]:
+  """Writes one bad file next to a good one; returns (its name, what the error must say)."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  manual.mkdir(parents=True, exist_ok=True)
+  (manual / 'good.jsonl').write_text(_GOOD, encoding='utf-8')
+  header = 'problem,source,rubrics\n'
+  if kind == 'empty_jsonl':
+    (manual / 'bad.jsonl').write_bytes(b'\n  \n')
+    return 'bad.jsonl', 'bad.jsonl: empty file: no rows'
+  if kind == 'zero_byte_parquet':
+    (manual / 'bad.parquet').write_bytes(b'')
+    return 'bad.parquet', 'bad.parquet: empty file (0 bytes)'
+  if kind == 'empty_parquet':
+    pq.write_table(pa.table({'problem': pa.array([], pa.string()),
+                             'source': pa.array([], pa.string()),
+                             'rubrics': pa.array([], pa.string())}), manual / 'bad.parquet')
+    return 'bad.parquet', 'bad.parquet: empty file: no rows'
+  if kind == 'corrupt_parquet':
+    (manual / 'bad.parquet').write_bytes(b'PAR1 this is not really parquet')
+    return 'bad.parquet', 'bad.parquet: not a readable parquet file'
+  if kind == 'header_only_csv':
+    (manual / 'bad.csv').write_text(header, encoding='utf-8')
+    return 'bad.csv', 'bad.csv: empty file: no rows'
+  if kind == 'zero_byte_csv':
+    (manual / 'bad.csv').write_bytes(b'')
+    return 'bad.csv', 'bad.csv: empty file: no rows'
+  if kind == 'latin1_jsonl':
+    (manual / 'bad.jsonl').write_bytes(
+        _GOOD.replace('2 + 2', '3 + 3').encode()
+        + '{"problem": "Prove caf\xe9."}\n'.encode('latin-1'))
+    return 'bad.jsonl', 'bad.jsonl: row 2: not valid UTF-8 (byte 0xe9'
+  if kind == 'latin1_csv':
+    (manual / 'bad.csv').write_bytes(
+        (header + 'Prove 1 < 2.,aops,7 pts\n').encode() + 'Caf\xe9?,aops,7\n'.encode('latin-1'))
+    return 'bad.csv', "bad.csv: row 2: column 'problem' is not valid UTF-8"
+  if kind == 'huge_csv_cell':
+    (manual / 'bad.csv').write_text(
+        header + 'Prove 1 < 2.,aops,7 pts\n' + f'Prove 0 < 1.,aops,"{"x" * 200_000}"\n'
+        + 'Prove 2 < 3.,aops,7 pts\n', encoding='utf-8')
+    return 'bad.csv', "bad.csv: row 2: column 'rubrics' holds 200,000 characters, more than"
+  if kind == 'huge_jsonl_prompt':
+    (manual / 'bad.jsonl').write_text(
+        '{"problem": "Prove %s.", "rubrics": "7", "source": ""}\n' % ('y' * 6_000_000),
+        encoding='utf-8')
+    return 'bad.jsonl', "bad.jsonl: row 1: column 'problem' holds 6,000,007 characters"
+  raise AssertionError(kind)
+
+
+_BAD_KINDS = ['empty_jsonl', 'zero_byte_parquet', 'empty_parquet', 'corrupt_parquet',
+              'header_only_csv', 'zero_byte_csv', 'latin1_jsonl', 'latin1_csv', 'huge_csv_cell',
+              'huge_jsonl_prompt']
+
+
+@pytest.mark.parametrize('kind', _BAD_KINDS)
+def test_bad_data_file_fatal_in_one_line_naming_file_and_row(tmp_path, data_dir, kind):
+  manual = tmp_path / 'manual'
+  name, message = _write_bad_file(manual, kind)
+  with pytest.raises(pt.MalformedRowError) as e:
+    pt.prepare('fineproofs_rl', manual, data_dir)
+  text = str(e.value)
+  assert '\n' not in text and len(text) < 400, text
+  assert text.startswith(str(manual / name) + ':'), text
+  assert message in text, text
+
+
+@pytest.mark.parametrize('kind', _BAD_KINDS)
+def test_bad_data_file_skipped_and_counted(tmp_path, data_dir, kind, caplog):
+  manual = tmp_path / 'manual'
+  name, message = _write_bad_file(manual, kind)
+  settings = dataclasses.replace(pt.FINEPROOFS_RL, skip_malformed=True)
+  builder = pt.prepare('fineproofs_rl', manual, data_dir, settings)
+  rows = pt.read_rows(builder)
+  assert pt.num_skipped_rows(builder) == 1
+  (listed,) = builder.info.metadata['skipped_rows']
+  assert message in listed and len(listed) < 400
+  # Every good row survives, the ones next to a bad row of the same file included.
+  good = {'latin1_jsonl': 2, 'latin1_csv': 2, 'huge_csv_cell': 3}.get(kind, 1)
+  assert len(rows) == good and 'good.jsonl' in {r.file for r in rows}
+  assert 'skipped 1 malformed rows' in caplog.text
+
+
+def test_max_field_chars_is_a_setting():
+  manual = FIXTURES / 'fineproofs_rl_jsonl'
+  rows, _ = pt.read_source_files(manual, pt.FINEPROOFS_RL)
+  longest = max(len(r.guidelines) for r in rows)
+  tight = dataclasses.replace(pt.FINEPROOFS_RL, skip_malformed=True, max_field_chars=longest - 1)
+  kept, skipped = pt.read_source_files(manual, tight)
+  assert len(kept) + len(skipped) == len(rows) and skipped
+  assert all('more than max_field_chars=' in s.reason for s in skipped)
+  assert pt.DEFAULT_MAX_FIELD_CHARS == 100_000
+  with pytest.raises(ValueError, match='max_field_chars must be >= 1'):
+    pt.ProofSourceSettings(max_field_chars=0)
+
+
 def test_validation_rows_need_reference_and_guidelines():
   manual = FIXTURES / 'malformed' / 'validation'
   with pytest.raises(pt.MalformedRowError, match=r"row 2: column 'Solution' is empty"):
@@ -271,3 +370,34 @@ def test_make_proof_task_from_files(data_dir):
       validation_manual_dir=str(FIXTURES / 'imo_proofbench_csv'), data_dir=str(data_dir))
   task = proofs.make_proof_task(settings, train_judge=None)
   assert len(task.records('train')) == 3 and len(task.records('validation')) == 3
+
+
+def test_prompts_over_the_context_limit_rejected_or_skipped_and_counted(tmp_path, data_dir, tok,
+                                                                          caplog):
+  manual = tmp_path / 'train'
+  shutil.copytree(FIXTURES / 'fineproofs_rl_jsonl', manual)
+  with open(manual / 'train.jsonl', 'a', encoding='utf-8') as f:
+    f.write('{"problem": "Prove that %s is long.", "source": "x", "rubrics": "7"}\n'
+            % ('the square root of two ' * 400))
+  settings = proofs.ProofDataSettings(
+      train_manual_dir=str(manual), validation_manual_dir=str(FIXTURES / 'imo_proofbench_csv'),
+      data_dir=str(data_dir), max_prompt_tokens=1000)
+  with pytest.raises(pt.MalformedRowError) as e:
+    proofs.make_proof_task(settings, train_judge=None, tokenizer=tok)
+  text = str(e.value)
+  assert '\n' not in text and text.startswith('train.jsonl: row 5: prompt is '), text
+  assert 'tokens long, more than max_prompt_tokens=1,000 (the context limit; train split)' in text
+  skipping = dataclasses.replace(
+      settings, train=dataclasses.replace(pt.FINEPROOFS_RL, skip_malformed=True))
+  task = proofs.make_proof_task(skipping, train_judge=None, tokenizer=tok)
+  assert task.num_long_prompts == {'train': 1, 'validation': 0}
+  assert len(task.records('train')) == 3 and len(task.records('validation')) == 3
+  assert max(len(task.prompt_ids(tok, r)) for r in task.records('train')) <= 1000
+  assert 'skipped 1 train prompts longer than max_prompt_tokens=1000' in caplog.text
+  # Without a tokenizer (or with limit 0) there is no check.
+  assert len(proofs.make_proof_task(settings, train_judge=None).records('train')) == 4
+  unlimited = dataclasses.replace(settings, max_prompt_tokens=0)
+  assert len(proofs.make_proof_task(unlimited, train_judge=None, tokenizer=tok)
+             .records('train')) == 4
+  with pytest.raises(ValueError, match='max_prompt_tokens must be >= 0'):
+    proofs.ProofTask([], [], train_judge=None, max_prompt_tokens=-1)

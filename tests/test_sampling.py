@@ -5,6 +5,8 @@ entropies, greedy choices), against itself (same key, neighbours, grouping, pref
 and for stop reasons and compilation counts.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,7 +66,8 @@ def plain_run(params):
 
 @pytest.mark.parametrize('kwargs, message', [
     (dict(temperature=0.0), 'temperature'), (dict(top_p=0.0), 'top_p'),
-    (dict(top_p=1.5), 'top_p'), (dict(top_k=-1), 'top_k'), (dict(top_k=2.5), 'top_k')])
+    (dict(top_p=1.5), 'top_p'), (dict(top_k=-1), 'top_k'), (dict(top_k=2.5), 'top_k'),
+    (dict(valid_vocab_size=-1), 'valid_vocab_size'), (dict(valid_vocab_size=2.5), 'valid_vocab')])
 def test_settings_reject_bad_values(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sampling.SamplingSettings(**kwargs)
@@ -93,6 +96,35 @@ def test_distribution_top_k_top_p_temperature():
   log_p = sampling.sampling_log_probs(logits, sampling.SamplingSettings(top_p=0.6))
   assert float(sampling.entropy(log_p)[0]) == pytest.approx(
       -(4 / 7 * np.log(4 / 7) + 3 / 7 * np.log(3 / 7)), abs=1e-6)
+
+
+def test_padded_vocabulary_ids_are_never_drawn(params):
+  # A checkpoint padded past its tokenizer: 512 rows, 300 token ids, and the padding rows' logits
+  # made the largest, so an unmasked distribution puts most of its mass on them.
+  valid = 300
+  kernel = params['lm_head']['kernel']
+  padded = {**params, 'lm_head': {'kernel': kernel.at[:, valid:].add(
+      jnp.sign(kernel[:, valid:]) * 5.0)}}
+  contexts = CONTEXTS[:3]
+  for base in (PLAIN, GREEDY):
+    settings = dataclasses.replace(base, valid_vocab_size=valid)
+    out = sampling.generate(CONFIG, padded, contexts, 8, settings, KEY, stop_ids=())
+    assert int(np.max(out.tokens_NxT)) < valid, base
+    for i, (log_probs, entropies, logits) in enumerate(
+        teacher_forced(padded, contexts, out.tokens_list(), settings)):
+      np.testing.assert_allclose(out.logprobs(i), log_probs, atol=1e-4)
+      np.testing.assert_allclose(out.entropies(i), entropies, atol=1e-4)
+      unmasked = np.exp(sampling.sampling_log_probs(jnp.asarray(logits), base))
+      assert np.all(unmasked[:, valid:].sum(-1) > 0.5)
+  # The mask comes before top-k and top-p: they choose among the tokenizer's ids only.
+  logits = jnp.asarray([[1.0, 2.0, 3.0, 0.5, 9.0, 8.0]])
+  got = np.exp(sampling.sampling_log_probs(logits, sampling.SamplingSettings(
+      top_k=2, top_p=0.99, valid_vocab_size=4)))[0]
+  np.testing.assert_allclose(got, [0, np.exp(2) / (np.exp(2) + np.exp(3)),
+                                   np.exp(3) / (np.exp(2) + np.exp(3)), 0, 0, 0], atol=1e-6)
+  assert int(distribution.draw(None, jnp.log(got)[None], greedy=True)[0]) == 2
+  with pytest.raises(ValueError, match="exceeds the model's 6 vocabulary rows"):
+    sampling.sampling_log_probs(logits, sampling.SamplingSettings(valid_vocab_size=7))
 
 
 def test_draw_frequencies_and_greedy():

@@ -94,6 +94,29 @@ def test_metrics_jsonl_and_truncate(tmp_path):
     metrics.read_metrics(logger.path)
 
 
+def test_metrics_torn_last_line_dropped_on_resume(tmp_path, caplog):
+  logger = metrics.MetricsLogger(str(tmp_path))
+  for step in range(1, 4):
+    logger.write(step, {'loss': 0.5 * step})
+  logger.close()
+  full = open(logger.path, 'rb').read()
+  torn = full[:len(full) - 9]  # killed while appending record 3
+  open(logger.path, 'wb').write(torn)
+  records = metrics.read_metrics(logger.path)
+  assert [r['step'] for r in records] == [1, 2]
+  assert ':3: dropped a torn last line' in caplog.text
+  # The resume path (truncate_after the checkpoint's step) rewrites the file without it.
+  logger = metrics.MetricsLogger(str(tmp_path))
+  logger.truncate_after(2)
+  logger.write(3, {'loss': 1.5})
+  logger.close()
+  assert open(logger.path, 'rb').read() == full
+  # A malformed line that is not a torn tail is still an error naming the line.
+  open(logger.path, 'wb').write(torn + b'\n')
+  with pytest.raises(ValueError, match=':3: malformed metrics record'):
+    metrics.read_metrics(logger.path)
+
+
 def test_plots_written(tmp_path):
   logger = metrics.MetricsLogger(str(tmp_path))
   for step in range(1, 4):

@@ -15,8 +15,11 @@ import jax.numpy as jnp
 GRID_STEPS = 10
 GRID = tuple(i / GRID_STEPS for i in range(GRID_STEPS + 1))
 
-# The leading number of a reply (ALGORITHMS.md, AC2 step 8). Anything after it is ignored.
+# The leading number of a reply (ALGORITHMS.md, AC2 step 8). Text after it is ignored, unless the
+# number runs on past the match ('1.5', '1.05': the pattern alone would read 1): see `_RUNS_ON`.
 VALUE_PATTERN = re.compile(r'^\s*(1(?:\.0+)?|0(?:\.\d+)?|\.\d+)')
+# What, right after the match, means the number goes on: another digit, or a point and a digit.
+_RUNS_ON = re.compile(r'\d|\.\d')
 
 # Group means of g values on a 1/10 or 1/7 lattice sit at least 1/(7 g) grid steps from a tie unless
 # they are exactly on it, so this tolerance only absorbs floating-point error (0.15000000000000002
@@ -48,12 +51,13 @@ def is_on_grid(x: float) -> bool:
 def parse_value(text: str) -> float | None:
   """The grid value a critic reply starts with, or None when there is none or it is off the grid.
 
-  '0.7', ' .7 and more', '1.00' -> 0.7, 0.7, 1.0; '0.25', 'Q value: 0.7', '' -> None.
+  '0.7', ' .7 and more', '1.00', '0.7.' -> 0.7, 0.7, 1.0, 0.7; '0.25', 'Q value: 0.7', '' -> None.
+  A number that runs on past the grid value is invalid: '1.5', '1.05', '0.55', '10' -> None.
   """
   if not isinstance(text, str):
     raise TypeError(f'parse_value expects a str, got {type(text).__name__}')
   match = VALUE_PATTERN.match(text)
-  if match is None:
+  if match is None or _RUNS_ON.match(text, match.end()):
     return None
   value = float(match.group(1))
   if not is_on_grid(value):

@@ -7,8 +7,11 @@ failures (connection errors, timeouts, 5xx, 429, malformed bodies) are retried u
 `max_retries` times with exponential backoff; other 4xx are final at once. A request whose
 response has no answer block scores 0 without touching the network.
 
-The API key is read from the environment variable named in the settings. It is sent only as the
-`Authorization: Bearer` header and is scrubbed from every detail string and log line.
+The API key is read from the environment variable named in the settings and stripped of
+surrounding whitespace (secret files usually end in a newline); a key that still holds whitespace
+or control characters is refused at construction, without printing it. It is sent only as the
+`Authorization: Bearer` header, and every grade's detail and judge output, and so every log line
+made of them, is scrubbed of it in any form (raw, escaped, percent-encoded, base64: `secrets`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import urllib.parse
 from typing import Sequence
 
 from ac2_jax.judges import grading
+from ac2_jax.judges import secrets
 from ac2_jax.judges import templates
 
 logger = logging.getLogger(__name__)
@@ -95,12 +99,20 @@ class HttpJudge:
   def __init__(self, settings: HttpJudgeSettings):
     self.settings = settings
     self._api_key = ''
+    self._scrub = secrets.Scrubber()
     if settings.api_key_env is not None:
-      key = os.environ.get(settings.api_key_env, '')
+      raw = os.environ.get(settings.api_key_env, '')
+      key = raw.strip()
       if not key:
         raise ValueError(f'environment variable {settings.api_key_env} (the judge API key) is '
                          'not set or empty')
+      if not key.isascii() or any(c.isspace() or not c.isprintable() for c in key):
+        raise ValueError(f'environment variable {settings.api_key_env} (the judge API key) holds '
+                         'whitespace, control or non-ASCII characters inside it; an HTTP header '
+                         'cannot carry them')
       self._api_key = key
+      # The unstripped value too: its escaped forms (a trailing '\n') differ from the key's.
+      self._scrub = secrets.Scrubber(key, raw)
     url = urllib.parse.urlsplit(settings.base_url)
     self._https = url.scheme == 'https'
     self._host = url.hostname
@@ -148,6 +160,7 @@ class HttpJudge:
       except Exception as e:
         grades[i] = grading.invalid_grade(grading.STATUS_INTERNAL_ERROR,
                                           self._scrub(f'{type(e).__name__}: {e}'))
+    grades = [self._scrubbed(g) for g in grades]
     for i, g in enumerate(grades):
       if not g.valid:
         logger.warning('judge request %d invalid (%s): %s', i, g.status, g.detail)
@@ -197,9 +210,10 @@ class HttpJudge:
       return _Outcome(status=grading.STATUS_HTTP_ERROR, detail=f'HTTP {status}',
                       retry_after_s=retry_after)
     if status != 200:
-      snippet = data[:_DETAIL_CHARS].decode('utf-8', 'replace')
+      # Scrubbed before it is cut, so a key at the cut cannot leave a fragment behind.
+      snippet = self._scrub(data.decode('utf-8', 'replace'))[:_DETAIL_CHARS]
       return _Outcome(grade=grading.invalid_grade(
-          grading.STATUS_HTTP_ERROR, self._scrub(f'HTTP {status} (not retried): {snippet}')))
+          grading.STATUS_HTTP_ERROR, f'HTTP {status} (not retried): {snippet}'))
     text = _completion_text(data)
     if text is None:
       return _Outcome(status=grading.STATUS_BAD_RESPONSE,
@@ -253,8 +267,12 @@ class HttpJudge:
       self._drop_connection()
     return response.status, data, _retry_after_s(response.getheader('Retry-After'))
 
-  def _scrub(self, text: str) -> str:
-    return text.replace(self._api_key, '[redacted]') if self._api_key else text
+  def _scrubbed(self, grade: grading.Grade) -> grading.Grade:
+    """`grade` with its detail and judge output scrubbed of the key (a server may echo it)."""
+    detail, output = self._scrub(grade.detail), self._scrub(grade.judge_output)
+    if (detail, output) == (grade.detail, grade.judge_output):
+      return grade
+    return dataclasses.replace(grade, detail=detail, judge_output=output)
 
 
 def _retry_after_s(value: str | None) -> float:

@@ -9,6 +9,12 @@ Layout differences (HF stores torch `Linear.weight` as [out, in]):
 Loading reads one tensor at a time on the host, converts it, and places it straight onto its
 devices (with a mesh: `jax.make_array_from_callback` with the partition rules' NamedSharding, so
 each device receives only its shard and no device ever holds the whole tree).
+
+Every error names the file it is about: a truncated safetensors file or one with a bad header, a
+malformed config.json or index, a missing or misshapen tensor. `check_vocabulary` is the check a
+launcher makes once the tokenizer is known: the embedding must have a row for every token id (it
+may have more: official Qwen3 checkpoints pad 151,669 ids to 151,936 rows, and the sampler masks
+the extra rows out, see `SamplingSettings.valid_vocab_size`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import ml_dtypes
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ac2_jax import sharding as sharding_lib
@@ -92,17 +98,39 @@ def _hf_shape(ours_to_hf, shape) -> tuple:
   return ours_to_hf(np.broadcast_to(np.zeros((), np.int8), shape)).shape
 
 
+def _read_json(file: str, what: str) -> dict:
+  """A JSON object from `file`; errors name the file."""
+  try:
+    with open(file, encoding='utf-8') as f:
+      value = json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(f'{file}: no such file (the checkpoint\'s {what})') from None
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{file}: malformed {what}: {e}') from None
+  if not isinstance(value, dict):
+    raise ValueError(f'{file}: malformed {what}: a JSON {type(value).__name__}, not an object')
+  return value
+
+
+def _open_safetensors(file: str):
+  """`safe_open(file)`, with an error naming the file when it is truncated or has a bad header."""
+  try:
+    return safe_open(file, framework='numpy')
+  except (SafetensorError, OSError) as e:
+    raise ValueError(f'{file}: not a readable safetensors file ({e}); is it truncated or '
+                     'corrupt?') from None
+
+
 def _tensor_files(path: str) -> dict:
   """Maps every tensor name in the checkpoint directory to its safetensors file."""
   single = os.path.join(path, SINGLE_FILE)
   index = os.path.join(path, INDEX_FILE)
   if os.path.exists(single):
-    with safe_open(single, framework='numpy') as f:
+    with _open_safetensors(single) as f:
       return {name: single for name in f.keys()}
   if not os.path.exists(index):
     raise ValueError(f'{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found')
-  with open(index) as f:
-    weight_map = json.load(f).get('weight_map')
+  weight_map = _read_json(index, 'safetensors index').get('weight_map')
   if not isinstance(weight_map, dict):
     raise ValueError(f'{index}: no "weight_map" object')
   files = {}
@@ -120,6 +148,7 @@ class _Reader:
   def __init__(self, files: dict):
     self._files = files
     self._handles = {}
+    self._names = {}  # file -> the tensor names it holds
 
   def shape(self, name):
     return tuple(self._handle(name).get_slice(name).get_shape())
@@ -128,12 +157,20 @@ class _Reader:
     return self._handle(name).get_slice(name).get_dtype()
 
   def read(self, name) -> np.ndarray:
-    return self._handle(name).get_tensor(name)
+    handle = self._handle(name)
+    try:
+      return handle.get_tensor(name)
+    except (SafetensorError, OSError) as e:
+      raise ValueError(f'{self._files[name]}: cannot read tensor {name} ({e})') from None
 
   def _handle(self, name):
     file = self._files[name]
     if file not in self._handles:
-      self._handles[file] = safe_open(file, framework='numpy')
+      handle = _open_safetensors(file)
+      self._handles[file] = handle
+      self._names[file] = set(handle.keys())
+    if name not in self._names[file]:
+      raise ValueError(f'{file}: no tensor {name}, though the index maps it to this file')
     return self._handles[file]
 
   def close(self):
@@ -164,13 +201,17 @@ def load_hf_checkpoint(path: str, mesh: Optional[Mesh] = None, dtype: Optional[s
   Raises:
     ValueError naming the tensor when one is missing, has the wrong shape, or is not expected.
   """
-  with open(os.path.join(path, 'config.json')) as f:
-    hf = json.load(f)
+  config_file = os.path.join(path, 'config.json')
+  hf = _read_json(config_file, 'config.json')
   files = _tensor_files(path)
   reader = _Reader(files)
   try:
     dtype = dtype or _checkpoint_dtype(hf, reader, files)
-    config = ModelConfig.from_hf_dict(hf, param_dtype=dtype, dtype=dtype, **config_overrides)
+    try:
+      config = ModelConfig.from_hf_dict(hf, param_dtype=dtype, dtype=dtype, **config_overrides)
+    except (KeyError, TypeError, ValueError) as e:
+      reason = str(e).strip('"').removeprefix('config.json: ')
+      raise ValueError(f'{config_file}: {reason}') from None
     np_dtype = _NP_DTYPES[config.param_dtype]
     shapes = jax.eval_shape(lambda: qwen3.init_params(config, jax.random.key(0)))
     shardings = None if mesh is None else sharding_lib.param_shardings(shapes, mesh)
@@ -208,6 +249,23 @@ def load_hf_checkpoint(path: str, mesh: Optional[Mesh] = None, dtype: Optional[s
   finally:
     reader.close()
   return config, params
+
+
+def check_vocabulary(config: ModelConfig, tokenizer_vocab_size: int, where: str = '') -> None:
+  """Raises unless the model has a row for every token id of the tokenizer.
+
+  More rows than ids is fine (checkpoints pad the embedding to a round size; pass the tokenizer's
+  size as `SamplingSettings.valid_vocab_size` so the sampler never draws the padding ids). Fewer
+  rows would make the embedding lookup and the logits of the top ids silently wrong.
+  """
+  where = f'{where}: ' if where else ''
+  if int(tokenizer_vocab_size) < 1:
+    raise ValueError(f'{where}tokenizer vocabulary size must be >= 1, got {tokenizer_vocab_size}')
+  if config.vocab_size < tokenizer_vocab_size:
+    raise ValueError(
+        f'{where}the model has {config.vocab_size} vocabulary rows but the tokenizer has '
+        f'{tokenizer_vocab_size} ids; ids >= {config.vocab_size} have no embedding. Use the '
+        'tokenizer that came with the checkpoint.')
 
 
 def _leaf_at(tree, key_path):

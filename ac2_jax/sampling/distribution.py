@@ -1,4 +1,5 @@
-"""The sampling distribution: temperature, top-k and top-p applied to logits, and draws from it.
+"""The sampling distribution: padding ids masked, temperature, top-k and top-p applied to logits,
+and draws from it.
 
 The same function serves the decoder and anyone who recomputes the log-probabilities of sampled
 tokens from a teacher-forced forward pass, so both see exactly the same distribution.
@@ -15,14 +16,21 @@ from ac2_jax.sampling.settings import SamplingSettings
 def sampling_log_probs(logits_BxV: jax.Array, settings: SamplingSettings) -> jax.Array:
   """Float32 log-probabilities of the sampling distribution; -inf outside its support.
 
-  Top-k keeps every token whose tempered logit is at least the k-th largest (ties kept); top-p then
-  keeps the most likely tokens until the probability before a token reaches `top_p` (so the token
-  that crosses `top_p` is kept). Both cuts are thresholds on logit values, so a recomputation on
-  logits equal within rounding gives the same support.
+  Ids >= `settings.valid_vocab_size` (when set) are outside the support: vocabulary rows the
+  tokenizer has no token for. Top-k keeps every token whose tempered logit is at least the k-th
+  largest (ties kept); top-p then keeps the most likely tokens until the probability before a
+  token reaches `top_p` (so the token that crosses `top_p` is kept). Both cuts are thresholds on
+  logit values, so a recomputation on logits equal within rounding gives the same support.
   """
   x_BxV = logits_BxV.astype(jnp.float32) / settings.temperature
   V = x_BxV.shape[-1]
   neg_inf = jnp.float32(-jnp.inf)
+  if settings.valid_vocab_size:
+    if settings.valid_vocab_size > V:
+      raise ValueError(f'SamplingSettings.valid_vocab_size {settings.valid_vocab_size} exceeds the '
+                       f"model's {V} vocabulary rows")
+    if settings.valid_vocab_size < V:
+      x_BxV = jnp.where(jnp.arange(V) < settings.valid_vocab_size, x_BxV, neg_inf)
   top_k = settings.top_k if 0 < settings.top_k < V else 0
   if top_k:
     largest_BxK = jax.lax.top_k(x_BxV, top_k)[0]

@@ -5,6 +5,12 @@ Training problems come from FineProofs-RL and validation problems from IMO-Proof
 (AC2 item 3). Scoring sends the proof to the training judge (problem + proof) or, for validation
 problems, to the validation judge (adds the reference solution and grading guidelines); a
 response without a proof scores 0 without a judge call, and no failure escapes as an exception.
+
+Given a tokenizer, the task also checks every prompt against the context limit
+(`max_prompt_tokens`, counted in the tokenizer's tokens of the whole rendered prompt: template and
+chat markup included, exactly what the model is fed): a longer prompt is skipped and counted
+(`num_long_prompts`) where its split skips malformed rows, else it is a `MalformedRowError` naming
+its file and row.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ logger = logging.getLogger(__name__)
 PROOF_OPEN = '<proof>'
 PROOF_CLOSE = '</proof>'
 PROBLEM_SLOT = '{problem}'
+# The longest prompt accepted, in tokens of the rendered prompt. Olympiad statements run to a few
+# hundred tokens; the limit leaves the context to the response budget and the critic prompt.
+DEFAULT_MAX_PROMPT_TOKENS = 4096
 DEFAULT_PROMPT_TEMPLATE = (
     PROBLEM_SLOT + '\n\nWrite a complete and rigorous proof. When you have finished thinking, give '
     'your final proof between ' + PROOF_OPEN + ' and ' + PROOF_CLOSE + '.')
@@ -59,9 +68,16 @@ class ProofTask:
                prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
                critic_instructions: critic_prompt.CriticInstructions = (
                    critic_prompt.PROOF_INSTRUCTIONS),
-               name: str = 'proofs'):
+               name: str = 'proofs',
+               tokenizer: tokenization.Tokenizer | None = None,
+               max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+               skip_long_prompts: Mapping[str, bool] | None = None):
+    """`tokenizer` (None: no check) and `max_prompt_tokens` (0: no limit) set the prompt-length
+    check; `skip_long_prompts[split]` says whether a long prompt is skipped (else fatal)."""
     if prompt_template.count(PROBLEM_SLOT) != 1:
       raise ValueError(f'prompt_template must contain {PROBLEM_SLOT!r} exactly once')
+    if max_prompt_tokens < 0:
+      raise ValueError(f'max_prompt_tokens must be >= 0 (0 = no limit), got {max_prompt_tokens}')
     self._name = name
     self._template = prompt_template
     self._critic_instructions = critic_instructions
@@ -76,17 +92,33 @@ class ProofTask:
                      self.num_dropped_overlaps)
     self._rows: dict[str, proofs_tfds.ProofRow] = {}
     self._records: dict[str, tuple[base.ProblemRecord, ...]] = {}
+    self.num_long_prompts = {'train': 0, 'validation': 0}
+    check = tokenizer is not None and max_prompt_tokens > 0
     for split, rows in (('train', kept), ('validation', validation_rows)):
       records = []
       for r in rows:
         if r.id in self._rows:
           raise ValueError(f'problem id {r.id!r} occurs in both splits or twice in one '
                            f'({r.file}: row {r.row})')
-        self._rows[r.id] = r
-        records.append(base.ProblemRecord(
+        record = base.ProblemRecord(
             id=r.id, split=split, prompt=self._template.replace(PROBLEM_SLOT, r.problem.strip()),
-            reference_solution=r.reference_solution, guidelines=r.guidelines))
+            reference_solution=r.reference_solution, guidelines=r.guidelines)
+        if check and (n := len(self.prompt_ids(tokenizer, record))) > max_prompt_tokens:
+          error = proofs_tfds.MalformedRowError(
+              r.file, r.row, f'prompt is {n:,} tokens long, more than max_prompt_tokens='
+              f'{max_prompt_tokens:,} (the context limit; {split} split)')
+          if not (skip_long_prompts or {}).get(split, False):
+            raise error
+          logger.warning('skipping a long prompt: %s', error)
+          self.num_long_prompts[split] += 1
+          continue
+        self._rows[r.id] = r
+        records.append(record)
       self._records[split] = tuple(records)
+    for split, n in self.num_long_prompts.items():
+      if n:
+        logger.warning('skipped %d %s prompts longer than max_prompt_tokens=%d', n, split,
+                       max_prompt_tokens)
 
   @property
   def name(self) -> str:
@@ -164,6 +196,9 @@ class ProofDataSettings:
   data_dir: str  # where the prepared array_record copies go
   train: proofs_tfds.ProofSourceSettings = proofs_tfds.FINEPROOFS_RL
   validation: proofs_tfds.ProofSourceSettings = proofs_tfds.IMO_PROOFBENCH
+  # Context limit for a prompt, in tokens of the rendered prompt (0 = none); a longer one is a
+  # malformed row of its split (skipped and counted under that split's skip_malformed).
+  max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
 
 
 def load_rows(settings: ProofDataSettings
@@ -182,7 +217,12 @@ def load_rows(settings: ProofDataSettings
 
 
 def make_proof_task(settings: ProofDataSettings, *, train_judge: ProofJudge | None,
-                    validation_judge: ProofJudge | None = None) -> ProofTask:
+                    validation_judge: ProofJudge | None = None,
+                    tokenizer: tokenization.Tokenizer | None = None) -> ProofTask:
+  """The proof task from the settings' files; with `tokenizer`, prompts are length-checked."""
   rows = load_rows(settings)
   return ProofTask(rows['train'], rows['validation'], train_judge=train_judge,
-                   validation_judge=validation_judge)
+                   validation_judge=validation_judge, tokenizer=tokenizer,
+                   max_prompt_tokens=settings.max_prompt_tokens,
+                   skip_long_prompts={'train': settings.train.skip_malformed,
+                                      'validation': settings.validation.skip_malformed})

@@ -6,11 +6,14 @@ Only process 0 writes (`MetricsLogger(..., enabled=False)` elsewhere), so multi-
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, Mapping
 
 from ac2_jax.train.tensorboard import SummaryWriter
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = 'metrics.jsonl'
 
@@ -33,7 +36,10 @@ class MetricsLogger:
     self._tb = SummaryWriter(os.path.join(workdir, 'tb')) if enabled else None
 
   def truncate_after(self, step: int) -> None:
-    """Drops records past `step` (after a resume from an earlier checkpoint), keeping the rest."""
+    """Drops records past `step` (after a resume from an earlier checkpoint), keeping the rest.
+
+    A torn last line (the run was killed mid-append) is dropped with a warning (`read_metrics`).
+    """
     if not self.enabled or not os.path.exists(self.path):
       return
     kept = [r for r in read_metrics(self.path) if r.get('step', 0) <= step]
@@ -55,15 +61,27 @@ class MetricsLogger:
 
 
 def read_metrics(path: str) -> list[dict]:
-  """All records of a metrics JSONL file; a malformed line is an error naming its line number."""
+  """All records of a metrics JSONL file; a malformed line is an error naming its line number.
+
+  Except a torn last line: one without its newline that does not parse is what a run killed
+  mid-append leaves behind (every record is written with its newline in one append), so it is
+  dropped with a warning. A malformed line anywhere else, or one that ends in a newline, is an
+  error.
+  """
+  with open(path, encoding='utf-8', errors='replace') as f:
+    lines = f.readlines()
   records = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if line.strip():
-        try:
-          records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-          raise ValueError(f'{path}:{number}: malformed metrics record ({e})') from None
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number == len(lines) and not line.endswith('\n'):
+        logger.warning('%s:%d: dropped a torn last line (%d characters; the run was killed while '
+                       'appending to it)', path, number, len(line))
+        break
+      raise ValueError(f'{path}:{number}: malformed metrics record ({e})') from None
   return records
 
 
