@@ -26,7 +26,7 @@ from jax.sharding import SingleDeviceSharding
 from ac2_jax import models
 from ac2_jax.judges import local_server
 from ac2_jax.train import checkpointing, experiment
-from ac2_jax.train import state as state_lib
+from ac2_jax.learner import state as state_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, 'launch', 'tpu_run.py')
