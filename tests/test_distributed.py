@@ -36,6 +36,7 @@ MICRO = dict(num_layers=1, hidden_size=64, intermediate_size=128, head_dim=16)
 # Faster CPU compilation (numerics are the same in every run, all use these flags).
 FAST_XLA = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 TIMEOUT_S = 600
+pytestmark = pytest.mark.slow  # subprocesses: two-process runs and the launcher
 
 
 def _free_port() -> int:

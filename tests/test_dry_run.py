@@ -95,6 +95,7 @@ def dry_runs():
   return results
 
 
+@pytest.mark.slow
 def test_documented_dry_runs_pass_and_match_the_documents(dry_runs):
   assert {doc for doc, *_ in dry_runs} == set(DOCS)
   assert any('--num_processes=4' in args for _, args, *_ in dry_runs)

@@ -155,6 +155,7 @@ def test_judge_outage_and_long_critic_pairs_do_not_stop_the_run(train_base, tmp_
   assert is_finite_number(summary.final_score)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('override, message', [
     ('--config.nonexistent=1', "unknown config key 'nonexistent' in --config.nonexistent=1"),
     ('--config.sft.stepz=1', "unknown config key 'sft.stepz' in --config.sft.stepz=1 "

@@ -116,6 +116,7 @@ def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
   assert not any('reusing' in m for m in messages)
 
 
+@pytest.mark.slow
 def test_launcher_runs_a_config_with_overrides(train_base, compile_cache, tmp_path):
   """The README's command, `--config.key=value` overrides included, in a fresh process."""
   env = {**os.environ, 'JAX_COMPILATION_CACHE_DIR': compile_cache,
