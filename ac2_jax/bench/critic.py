@@ -252,22 +252,24 @@ def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, cons
   return critic_fig, lookup_fig
 
 
-def pairs_batch(rt, pairs):
-  """A critic batch of (context ids, value target ids) pairs at weight 1."""
-  from ac2_jax.algorithms import rollouts
-  from ac2_jax.sampling import requests as requests_lib
-  from ac2_jax.train import updates
-  T = requests_lib.bucket(max(len(c) + len(t) for c, t in pairs))
-  B = rollouts._bucket_rows(len(pairs), rt.batch_multiple)
-  tokens = np.zeros((B, T), np.int32)
-  mask = np.zeros((B, T), np.float32)
-  weights = np.zeros((B,), np.float32)
-  for b, (c, t) in enumerate(pairs):
-    tokens[b, :len(c)] = c
-    tokens[b, len(c):len(c) + len(t)] = t
-    mask[b, len(c):len(c) + len(t)] = 1.0
-    weights[b] = 1.0
-  return rt.put_batch(updates.CriticBatch(tokens, mask, weights))
+def _batch(rt, records_batch, records: Sequence[_Record], contexts=None):
+  """A critic batch of records; `contexts` when their critic prompts are built already."""
+  if contexts is None:
+    contexts = [rt.critic_context(rt.prompt_ids_by_id[r.problem_id], r.prefix_tokens_P,
+                                  r.reference) for r in records]
+  keep = [i for i, c in enumerate(contexts) if c is not None]
+  return records_batch(rt, [contexts[i] for i in keep], [records[i] for i in keep])
+
+
+def _corpus_batch(rt, records_batch, corpus, n: int):
+  """A critic batch of n (context ids, value target ids) pairs from the warm-up corpus."""
+  contexts, records = [], []
+  for _ in range(n):
+    context, target = next(corpus)
+    value = critic_lib.parse_value(rt.tokenizer.decode(target[:-1].tolist()))
+    contexts.append(context)
+    records.append(_Record('', context[:0], None, value, 1.0))
+  return _batch(rt, records_batch, records, contexts)
 
 
 def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[ProbePrefix],
@@ -302,11 +304,11 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   while done < total:
     if corpus is not None and done < settings.corpus_pairs:
       n = settings.pairs_per_update
-      batch = pairs_batch(rt, [next(corpus) for _ in range(n)])
+      batch = _corpus_batch(rt, records_batch, corpus, n)
     else:
       take = rng.choice(len(records), min(settings.pairs_per_update, len(records)), replace=False)
       n = len(take)
-      batch = records_batch(rt, [records[i] for i in take])
+      batch = _batch(rt, records_batch, [records[i] for i in take])
     state, _ = rt.critic_step(state, batch, lr)
     done += n
     if done // settings.eval_every != (done - n) // settings.eval_every:
@@ -349,7 +351,7 @@ def main(argv: Sequence[str]) -> None:
   args = parser.parse_args(argv)
   from absl import flags
   from ml_collections import config_flags
-  from ac2_jax.algorithms import rollouts
+  from ac2_jax.learner import rows as rollouts
   from ac2_jax.train import experiment
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, 'config file', flag_values=flag_values,
