@@ -274,11 +274,11 @@ def _corpus_batch(rt, records_batch, corpus, n: int):
 
 def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[ProbePrefix],
                        settings: ProbeSettings, *, learning_rate: float, tau_local: float, read,
-                       records_batch, log=print, corpus=None) -> list[dict]:
+                       records_batch, log=print, corpus=None, on_report=None) -> list[dict]:
   """Trains the critic alone on `train` and evaluates on `held` every `eval_every` pairs.
 
   With `corpus` (an iterator of (context, target) ids), the first `corpus_pairs` pairs come from
-  it instead.
+  it instead. `on_report(curve)` runs after every evaluation (to save the curve as it grows).
   """
   lookup = Lookup(train)
   constant = lookup.mean
@@ -290,6 +290,8 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
     c, l = evaluate(rt, state.params, held, read, lookup, constant, tau_local)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
     curve.append(entry)
+    if on_report is not None:
+      on_report(curve)
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {c["mae"]:.3f} '
         f'(constant {c["mae_constant"]:.3f}, lookup {l["mae"]:.3f})  '
         f'under tau_local {c["under_tau_local"]:.2f} (constant '
@@ -384,13 +386,15 @@ def main(argv: Sequence[str]) -> None:
     corpus = builtin_sft.critic_examples(rt.task, rt.tokenizer,
                                          step_mistake_rate=settings.corpus_mistake_rate,
                                          seed=settings.seed + 3)
-  curve = train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
-                             tau_local=ctl_settings.tau_local,
-                             read=rollouts.critic_reader(config.critic.readout),
-                             records_batch=rollouts.critic_records_batch, corpus=corpus)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-      json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
-                 'overrides': args.set, 'curve': curve}, f, indent=1)
+  def save(curve):
+    if args.out:
+      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+      with open(args.out, 'w') as f:
+        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
+                   'overrides': args.set, 'curve': curve}, f, indent=1)
+
+  train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
+                     tau_local=ctl_settings.tau_local,
+                     read=rollouts.critic_reader(config.critic.readout),
+                     records_batch=rollouts.critic_records_batch, corpus=corpus, on_report=save)
   sys.stdout.flush()
