@@ -274,6 +274,7 @@ class AC2(base.Algorithm):
                                      if not r.to_critic]),
         'judge_failures': sum(not r.grade.valid for r in judged),
         'routed_to_critic': len(data.rows) - len(judged),
+        'rows_generated': len(data.rows),
         'critic_reads_invalid': sum(v is None for v in data.reads),
         'adv/mean': _mean([r.advantage for r in trained]),
         'adv/abs_mean': _mean([abs(r.advantage) for r in trained]),
