@@ -82,6 +82,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     logger.truncate_after(start)
     log(f'resumed from step {start} in {workdir}')
   else:
+    # A run that stopped before its first checkpoint left records that no state matches.
+    logger.truncate_after(-1)
     scores = _eval(run, rt, state, 0)
     host['start_score'] = host['last_score'] = scores['val/mean_score']
     logger.write(0, {**scores, 'decoding_flops_cum': 0.0})
