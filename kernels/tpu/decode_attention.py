@@ -28,9 +28,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.flash_attention import NEG
+from kernels.tpu import flash_attention as flash_lib
 
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
 def _decode_kernel(last_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, acc_ref, max_ref, sum_ref, *,
@@ -39,11 +39,7 @@ def _decode_kernel(last_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, acc_ref, max_r
   b, t = pl.program_id(0), pl.program_id(2)
   K = num_kv_heads
 
-  @pl.when(t == 0)
-  def _init():
-    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-    max_ref[...] = jnp.full(max_ref.shape, NEG, jnp.float32)
-    sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
+  pl.when(t == 0)(lambda: flash_lib.online_softmax_init(acc_ref, max_ref, sum_ref))
 
   start = (pl.program_id(1) * blocks_per_split + t) * block_k
   last = last_ref[b]
@@ -62,23 +58,12 @@ def _decode_kernel(last_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, acc_ref, max_r
                                                                                 jnp.int32(group)))
     v_CxD = jnp.where(lax.broadcasted_iota(jnp.int32, v_CxD.shape, 0) < seen_rows, v_CxD, 0)
     s_CxR = lax.dot_general(k_CxD, q_RxD, _NT, preferred_element_type=jnp.float32) * scale
-    max_1xR = max_ref[...]
-    new_max_1xR = jnp.maximum(
-        max_1xR, jnp.max(jnp.where(mask_CxR, s_CxR, NEG), axis=0, keepdims=True))
-    p_CxR = jnp.where(mask_CxR, jnp.exp(s_CxR - new_max_1xR), 0.0)
-    rescale_1xR = jnp.exp(max_1xR - new_max_1xR)
-    sum_ref[...] = rescale_1xR * sum_ref[...] + jnp.sum(p_CxR, axis=0, keepdims=True)
-    acc_ref[...] = rescale_1xR * acc_ref[...] + lax.dot_general(
-        v_CxD, p_CxR.astype(v_CxD.dtype), _TN, preferred_element_type=jnp.float32)
-    max_ref[...] = new_max_1xR
+    flash_lib.online_softmax_step(s_CxR, mask_CxR, v_CxD, acc_ref, max_ref, sum_ref)
 
   @pl.when(t == pl.num_programs(2) - 1)
   def _finish():
-    sum_1xR = sum_ref[...]
-    safe_1xR = jnp.where(sum_1xR > 0, sum_1xR, 1.0)
-    o_ref[...] = acc_ref[...] / safe_1xR
     # An empty split reports NEG so that it weighs nothing when the splits are merged.
-    lse_ref[...] = jnp.where(sum_1xR > 0, max_ref[...] + jnp.log(safe_1xR), NEG)
+    flash_lib.online_softmax_finish(acc_ref, max_ref, sum_ref, o_ref, lse_ref, empty_lse=NEG)
 
 
 def decode(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, *, block_k: int, num_splits: int,

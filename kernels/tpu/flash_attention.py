@@ -67,6 +67,34 @@ def _params(interpret, semantics):
 _SEMANTICS = ('parallel', 'parallel', 'parallel', 'arbitrary')
 
 
+def online_softmax_init(acc_ref, max_ref, sum_ref):
+  acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+  max_ref[...] = jnp.full(max_ref.shape, NEG, jnp.float32)
+  sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
+
+
+def online_softmax_step(s_KxQ, mask_KxQ, v_KxD, acc_ref, max_ref, sum_ref):
+  """Folds one key block into the running max and sum (`[1, Q]`) and `acc^T = v^T p` (`[D, Q]`)."""
+  max_1xQ = max_ref[...]
+  new_max_1xQ = jnp.maximum(
+      max_1xQ, jnp.max(jnp.where(mask_KxQ, s_KxQ, NEG), axis=0, keepdims=True))
+  p_KxQ = jnp.where(mask_KxQ, jnp.exp(s_KxQ - new_max_1xQ), 0.0)
+  rescale_1xQ = jnp.exp(max_1xQ - new_max_1xQ)
+  sum_ref[...] = rescale_1xQ * sum_ref[...] + jnp.sum(p_KxQ, axis=0, keepdims=True)
+  acc_ref[...] = rescale_1xQ * acc_ref[...] + lax.dot_general(
+      v_KxD, p_KxQ.astype(v_KxD.dtype), _TN, preferred_element_type=jnp.float32)
+  max_ref[...] = new_max_1xQ
+
+
+def online_softmax_finish(acc_ref, max_ref, sum_ref, o_ref, lse_ref, *, empty_lse: float):
+  """Writes `o^T = acc^T / sum` and the log-sum-exp; columns that saw nothing get 0 and
+  `empty_lse`."""
+  sum_1xQ = sum_ref[...]
+  safe_1xQ = jnp.where(sum_1xQ > 0, sum_1xQ, 1.0)
+  o_ref[...] = (acc_ref[...] / safe_1xQ).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(sum_1xQ > 0, max_ref[...] + jnp.log(safe_1xQ), empty_lse)
+
+
 def _forward_kernel(maxlast_ref, q_ref, k_ref, v_ref, last_ref, *refs, scale: float,
                     block_k: int, segmented: bool):
   if segmented:
@@ -75,11 +103,7 @@ def _forward_kernel(maxlast_ref, q_ref, k_ref, v_ref, last_ref, *refs, scale: fl
     o_ref, lse_ref, acc_ref, max_ref, sum_ref = refs
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
-  @pl.when(j == 0)
-  def _init():
-    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-    max_ref[...] = jnp.full(max_ref.shape, NEG, jnp.float32)
-    sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
+  pl.when(j == 0)(lambda: online_softmax_init(acc_ref, max_ref, sum_ref))
 
   start = j * block_k
 
@@ -90,23 +114,12 @@ def _forward_kernel(maxlast_ref, q_ref, k_ref, v_ref, last_ref, *refs, scale: fl
     mask_KxQ = _visible_T(start, last_ref[...], block_k,
                           segq_ref[...] if segmented else None,
                           segk_ref[:, :1] if segmented else None)
-    max_1xQ = max_ref[...]
-    new_max_1xQ = jnp.maximum(
-        max_1xQ, jnp.max(jnp.where(mask_KxQ, s_KxQ, NEG), axis=0, keepdims=True))
-    p_KxQ = jnp.where(mask_KxQ, jnp.exp(s_KxQ - new_max_1xQ), 0.0)
-    rescale_1xQ = jnp.exp(max_1xQ - new_max_1xQ)
-    sum_ref[...] = rescale_1xQ * sum_ref[...] + jnp.sum(p_KxQ, axis=0, keepdims=True)
-    acc_ref[...] = rescale_1xQ * acc_ref[...] + lax.dot_general(
-        v_KxD, p_KxQ.astype(v_KxD.dtype), _TN, preferred_element_type=jnp.float32)
-    max_ref[...] = new_max_1xQ
+    online_softmax_step(s_KxQ, mask_KxQ, v_KxD, acc_ref, max_ref, sum_ref)
 
   @pl.when(j == pl.num_programs(3) - 1)
   def _finish():
-    sum_1xQ = sum_ref[...]
-    safe_1xQ = jnp.where(sum_1xQ > 0, sum_1xQ, 1.0)
-    o_ref[...] = (acc_ref[...] / safe_1xQ).astype(o_ref.dtype)
     # Queries that see nothing: output 0, log-sum-exp 0 (never used), as on GPU.
-    lse_ref[...] = jnp.where(sum_1xQ > 0, max_ref[...] + jnp.log(safe_1xQ), 0.0)
+    online_softmax_finish(acc_ref, max_ref, sum_ref, o_ref, lse_ref, empty_lse=0.0)
 
 
 def _seen_block(b, i, j, maxlast_ref, block_k: int):
@@ -269,12 +282,13 @@ def backward(q_BxHxTxD, k_BxKxSxD, v_BxKxSxD, last_BxT, seg_BxT, segk_BxS, out_B
   # dk/dv: grid (b, KV head k, key block j, r) with r walking the G query heads of the group
   # and their query blocks in sequence (h = k*G + r // nq, query block r % nq).
   head = lambda k, r: k * G + lax.div(r, jnp.int32(nq))
+  qblock = lambda r: lax.rem(r, jnp.int32(nq))
   q_spec = pl.BlockSpec((None, None, block_q, D),
-                        lambda b, k, j, r, m: (b, head(k, r), lax.rem(r, jnp.int32(nq)), 0))
+                        lambda b, k, j, r, m: (b, head(k, r), qblock(r), 0))
   kv_spec = pl.BlockSpec((None, None, block_k, D), lambda b, k, j, r, m: (b, k, j, 0))
   head_row_spec = pl.BlockSpec((None, None, 1, block_q),
-                               lambda b, k, j, r, m: (b, head(k, r), 0, lax.rem(r, jnp.int32(nq))))
-  row_spec = pl.BlockSpec((None, 1, block_q), lambda b, k, j, r, m: (b, 0, lax.rem(r, jnp.int32(nq))))
+                               lambda b, k, j, r, m: (b, head(k, r), 0, qblock(r)))
+  row_spec = pl.BlockSpec((None, 1, block_q), lambda b, k, j, r, m: (b, 0, qblock(r)))
   in_specs = [q_spec, kv_spec, kv_spec, q_spec, head_row_spec, head_row_spec, row_spec]
   if segmented:
     in_specs += [row_spec,
