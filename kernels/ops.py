@@ -11,8 +11,12 @@ K (query head h reads KV head h // (H / K)). Query t of row b sees key slot s if
 `arange(T)` and segment ids). A query that sees nothing returns zeros.
 
 Both paths are `custom_vjp`s whose backward runs the flash dq and dk/dv kernels, so no T x S
-matrix is ever formed. On CPU the kernels only run through the Pallas interpreter
-(`interpret=True`); on GPU they lower through Triton, on TPU through Mosaic.
+matrix is ever formed. `Settings.backend` picks the kernels: 'gpu' the portable ones in
+`kernels/` (lowered through Triton), 'tpu' those in `kernels/tpu/` (lowered through Mosaic), None
+the running backend's. An explicit backend lets a CPU export a GPU or TPU program
+(`jax.export(..., platforms=['cuda' | 'tpu'])`). On CPU the kernels run through an interpreter
+(`interpret=True`): the GPU kernels through the Pallas interpreter, the TPU kernels through TPU
+interpret mode (`pltpu.InterpretParams`, which keeps SMEM/VMEM, scalar prefetch and grid order).
 """
 
 from __future__ import annotations
@@ -26,14 +30,25 @@ from jax.experimental import pallas as pl
 
 from kernels import decode_attention as decode_lib
 from kernels import flash_attention as flash_lib
+from kernels.tpu import decode_attention as tpu_decode_lib
+from kernels.tpu import flash_attention as tpu_flash_lib
 
 # Triton's smallest dot is 16 x 16 x 16; smaller blocks are only useful in interpret mode.
 _MIN_BLOCK = 16
+# Mosaic: query and key blocks lie on the 128-wide lane dimension; cache blocks on sublanes (8).
+_TPU_MIN_BLOCK = 128
+_TPU_SUBLANES = 8
+BACKENDS = ('gpu', 'tpu')
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """Block sizes and backend knobs (powers of two; clipped to the problem size)."""
+  """Block sizes and backend knobs (powers of two; clipped to the problem size).
+
+  On TPU the flash blocks are raised to at least 128 (256 or 512 suit long sequences on v5e/v5p
+  and later) and the decode block is a multiple of 8 slots; `decode_min_rows`, `num_warps` and
+  `num_stages` are GPU-only.
+  """
 
   block_q: int = 128
   block_k: int = 128
@@ -45,6 +60,8 @@ class Settings:
   # Query heads per KV head are padded to this many rows in decode (Triton dots need 16).
   decode_min_rows: int = _MIN_BLOCK
   interpret: bool = False
+  # 'gpu' (Triton kernels), 'tpu' (Mosaic kernels) or None (those of jax.default_backend()).
+  backend: str | None = None
   # Triton launch parameters (GPU only); None lets Pallas choose.
   num_warps: int | None = None
   num_stages: int | None = None
@@ -57,6 +74,8 @@ class Settings:
         raise ValueError(f'Settings.{name}={value} must be a positive power of two')
     if self.decode_splits < 1:
       raise ValueError(f'Settings.decode_splits={self.decode_splits} must be >= 1')
+    if self.backend is not None and self.backend not in BACKENDS:
+      raise ValueError(f"Settings.backend={self.backend!r} must be 'gpu', 'tpu' or None")
 
 
 def _settings(settings: Settings | None, interpret: bool) -> Settings:
@@ -64,20 +83,49 @@ def _settings(settings: Settings | None, interpret: bool) -> Settings:
   return dataclasses.replace(settings, interpret=True) if interpret else settings
 
 
-def _compiler_params(settings: Settings):
-  """Backend dispatch: the lowering is chosen by the type of the compiler params."""
+def backend(settings: Settings) -> str:
+  """The kernels a call lowers: the explicit setting, else the running backend's.
+
+  On CPU without a setting only the interpreter can run them: interpret=True keeps the portable
+  (GPU) kernels, as the existing CPU tests do; set backend='tpu' for TPU interpret mode.
+  """
+  if settings.backend is not None:
+    return settings.backend
+  running = jax.default_backend()
+  if running in BACKENDS:
+    return running
   if settings.interpret:
-    return None
-  backend = jax.default_backend()
-  if backend == 'gpu':
-    from jax.experimental.pallas import triton as pl_triton
-    return pl_triton.CompilerParams(num_warps=settings.num_warps,
-                                    num_stages=settings.num_stages)
-  if backend == 'tpu':
-    from jax.experimental.pallas import tpu as pl_tpu
-    return pl_tpu.CompilerParams(dimension_semantics=('parallel',) * 3)
+    return 'gpu'
   raise ValueError(f'Pallas attention kernels need a GPU or TPU, but the backend is '
-                   f'{backend!r}; pass interpret=True (ModelConfig.pallas_interpret) on CPU')
+                   f'{running!r}; pass interpret=True (ModelConfig.pallas_interpret) on CPU, '
+                   f'or Settings(backend=...) to export for another platform')
+
+
+def _gpu_kwargs(settings: Settings) -> dict:
+  """`interpret` / Triton compiler params of the GPU kernels."""
+  if settings.interpret:
+    return dict(interpret=True)
+  from jax.experimental.pallas import triton as pl_triton
+  return dict(compiler_params=pl_triton.CompilerParams(num_warps=settings.num_warps,
+                                                       num_stages=settings.num_stages))
+
+
+def _tpu_interpret(settings: Settings):
+  """TPU interpret mode on CPU; False lowers through Mosaic (the kernels set their params)."""
+  if settings.interpret:
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.InterpretParams()
+  return False
+
+
+def _flash_kernels(settings: Settings):
+  """(forward, backward) of the chosen backend, as functions of the same arrays."""
+  if backend(settings) == 'tpu':
+    kw = dict(interpret=_tpu_interpret(settings))
+    return (functools.partial(tpu_flash_lib.forward, **kw),
+            functools.partial(tpu_flash_lib.backward, **kw))
+  kw = _gpu_kwargs(settings)
+  return functools.partial(flash_lib.forward, **kw), functools.partial(flash_lib.backward, **kw)
 
 
 def _block(block: int, length: int) -> int:
@@ -133,8 +181,11 @@ class _FlashPlan:
 
   @classmethod
   def make(cls, settings: Settings, T: int, S: int) -> '_FlashPlan':
-    bq, bk = _block(settings.block_q, T), _block(settings.block_k, S)
-    bq_bwd, bk_bwd = _block(settings.block_q_bwd, T), _block(settings.block_k_bwd, S)
+    block = _block
+    if backend(settings) == 'tpu':
+      block = lambda b, n: max(_TPU_MIN_BLOCK, min(b, pl.next_power_of_2(n)))
+    bq, bk = block(settings.block_q, T), block(settings.block_k, S)
+    bq_bwd, bk_bwd = block(settings.block_q_bwd, T), block(settings.block_k_bwd, S)
     return cls(bq, bk, bq_bwd, bk_bwd, _round_up(T, max(bq, bq_bwd)),
                _round_up(S, max(bk, bk_bwd)))
 
@@ -160,10 +211,9 @@ def _flash_inputs(plan: _FlashPlan, q, k, v, last, seg, segk):
 def _flash_grads(plan: _FlashPlan, settings: Settings, inputs, out_p, lse_p, dout_BxTxHxD,
                  q_shape, k_shape):
   T, S = q_shape[1], k_shape[1]
-  dq_p, dk_p, dv_p = flash_lib.backward(
+  dq_p, dk_p, dv_p = _flash_kernels(settings)[1](
       *inputs, out_p, lse_p, _to_heads_major(dout_BxTxHxD.astype(out_p.dtype), plan.padded_t),
-      block_q=plan.block_q_bwd, block_k=plan.block_k_bwd, interpret=settings.interpret,
-      compiler_params=_compiler_params(settings))
+      block_q=plan.block_q_bwd, block_k=plan.block_k_bwd)
   return (jnp.swapaxes(dq_p[:, :, :T], 1, 2), jnp.swapaxes(dk_p[:, :, :S], 1, 2),
           jnp.swapaxes(dv_p[:, :, :S], 1, 2))
 
@@ -176,9 +226,8 @@ def _flash(q, k, v, last, seg, segk, settings):
 def _flash_fwd(q, k, v, last, seg, segk, settings):
   plan = _FlashPlan.make(settings, q.shape[1], k.shape[1])
   inputs = _flash_inputs(plan, q, k, v, last, seg, segk)
-  out_p, lse_p = flash_lib.forward(
-      *inputs, block_q=plan.block_q, block_k=plan.block_k, interpret=settings.interpret,
-      compiler_params=_compiler_params(settings))
+  out_p, lse_p = _flash_kernels(settings)[0](*inputs, block_q=plan.block_q,
+                                              block_k=plan.block_k)
   out = jnp.swapaxes(out_p[:, :, :q.shape[1]], 1, 2)
   return out, (inputs, out_p, lse_p, q.shape, k.shape)
 
@@ -216,7 +265,7 @@ def flash_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B, *,
       raise ValueError(f'segment ids shapes {segment_ids_BxT.shape}, '
                        f'{kv_segment_ids_BxS.shape} must be (B, T) = {(B, T)}, (B, S) = {(B, S)}')
   settings = _settings(settings, interpret)
-  _compiler_params(settings)  # Fails early, outside any trace, on an unsupported backend.
+  backend(settings)  # Fails early, outside any trace, on an unsupported backend.
   last_BxT = _last_visible(q_pos_BxT, kv_len_B, S)
   return _flash(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, last_BxT, segment_ids_BxT,
                 kv_segment_ids_BxS, settings)
@@ -225,13 +274,11 @@ def flash_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B, *,
 # ---- decode (T == 1 against a cache) ------------------------------------------------------
 
 
-def _decode_forward(q_BxHxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
-  """Returns (out_BxHxD in q's dtype, lse_BxH float32)."""
-  B, H, D = q_BxHxD.shape
-  S, K = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]
-  G = H // K
+def _gpu_decode_partials(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
+  G = q_BxKxGxD.shape[2]
+  S = k_BxSxKxD.shape[1]
   rows = max(settings.decode_min_rows, pl.next_power_of_2(G))
-  q_BxKxRxD = jnp.pad(q_BxHxD.reshape(B, K, G, D), ((0, 0), (0, 0), (0, rows - G), (0, 0)))
+  q_BxKxRxD = jnp.pad(q_BxKxGxD, ((0, 0), (0, 0), (0, rows - G), (0, 0)))
   if S < _MIN_BLOCK:  # A tiny cache is padded (cheap) rather than given a sub-dot block.
     pad = ((0, 0), (0, _MIN_BLOCK - S), (0, 0), (0, 0))
     k_BxSxKxD, v_BxSxKxD = jnp.pad(k_BxSxKxD, pad), jnp.pad(v_BxSxKxD, pad)
@@ -239,9 +286,32 @@ def _decode_forward(q_BxHxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
   # The largest power-of-two block that fits in S; the tail block overlaps its predecessor.
   block_k = min(settings.decode_block_k, 1 << (S.bit_length() - 1))
   num_splits = min(settings.decode_splits, pl.cdiv(S, block_k))
-  out_BxKxNxRxD, lse_BxKxNxR = decode_lib.decode(
-      q_BxKxRxD, k_BxSxKxD, v_BxSxKxD, last_B, block_k=block_k, num_splits=num_splits,
-      interpret=settings.interpret, compiler_params=_compiler_params(settings))
+  return decode_lib.decode(q_BxKxRxD, k_BxSxKxD, v_BxSxKxD, last_B, block_k=block_k,
+                           num_splits=num_splits, **_gpu_kwargs(settings))
+
+
+def _tpu_decode_partials(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
+  S = k_BxSxKxD.shape[1]
+  if S < _TPU_SUBLANES:  # A tiny cache is padded (cheap) to one sublane tile of slots.
+    pad = ((0, 0), (0, _TPU_SUBLANES - S), (0, 0), (0, 0))
+    k_BxSxKxD, v_BxSxKxD = jnp.pad(k_BxSxKxD, pad), jnp.pad(v_BxSxKxD, pad)
+    S = _TPU_SUBLANES
+  # A multiple of 8 slots no longer than S; a final partial block is masked in the kernel.
+  block_k = max(_TPU_SUBLANES, min(settings.decode_block_k, S - S % _TPU_SUBLANES))
+  num_splits = min(settings.decode_splits, pl.cdiv(S, block_k))
+  return tpu_decode_lib.decode(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, block_k=block_k,
+                               num_splits=num_splits, interpret=_tpu_interpret(settings))
+
+
+def _decode_forward(q_BxHxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
+  """Returns (out_BxHxD in q's dtype, lse_BxH float32)."""
+  B, H, D = q_BxHxD.shape
+  K = k_BxSxKxD.shape[2]
+  G = H // K
+  partials = _tpu_decode_partials if backend(settings) == 'tpu' else _gpu_decode_partials
+  # R >= G rows per KV head (the GPU kernel pads them); only the first G are kept.
+  out_BxKxNxRxD, lse_BxKxNxR = partials(q_BxHxD.reshape(B, K, G, D), k_BxSxKxD, v_BxSxKxD,
+                                        last_B, settings)
   # Merge the splits: each holds a softmax over its own slots, weighted by its total mass.
   lse_BxKxR = jax.nn.logsumexp(lse_BxKxNxR, axis=2)
   weight_BxKxNxR = jnp.exp(lse_BxKxNxR - lse_BxKxR[:, :, None])
@@ -284,7 +354,7 @@ def decode_attention(q_BxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_B, kv_len_B, *,
   """One query per row (at slot q_pos_B) against a cache with kv_len_B valid slots per row."""
   _check(q_BxHxD[:, None], k_BxSxKxD, v_BxSxKxD, q_pos_B[:, None], kv_len_B)
   settings = _settings(settings, interpret)
-  _compiler_params(settings)
+  backend(settings)
   last_B = _last_visible(q_pos_B[:, None], kv_len_B, k_BxSxKxD.shape[1])[:, 0]
   return _decode(q_BxHxD, k_BxSxKxD, v_BxSxKxD, last_B, settings)
 

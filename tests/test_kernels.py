@@ -72,18 +72,17 @@ FLASH_CASES = [
 ]
 
 
-@pytest.mark.parametrize('case', FLASH_CASES, ids=lambda c: c.name)
-def test_flash_values_and_grads_match_reference(case):
-  B, D = 2, 32
+def check_flash_case(case: FlashCase, settings: ops.Settings, D: int, bounds) -> None:
+  """Flash output and gradients equal the reference's; `bounds` cut each row into segments."""
+  B = 2
   q, k, v = _qkv(0, B, case.T, case.S, case.H, case.K, D)
   q_pos = jnp.asarray(case.offsets)[:, None] + jnp.arange(case.T)[None, :]
   kv_len = jnp.asarray(case.kv_len)
   seg = None
   if case.segments:
-    bounds = np.array([[7, 19], [5, 26]])  # Three packed segments per row.
-    seg = jnp.asarray((np.arange(case.T)[None, :, None] >= bounds[:, None, :]).sum(-1))
+    seg = jnp.asarray((np.arange(case.T)[None, :, None] >= np.asarray(bounds)[:, None, :]).sum(-1))
   kernel = lambda q, k, v: ops.flash_attention(q, k, v, q_pos, kv_len, segment_ids_BxT=seg,
-                                               settings=SMALL_BLOCKS)
+                                               settings=settings)
   ref = lambda q, k, v: reference.attention(q, k, v, q_pos, kv_len, seg)
   (got, got_grads), (want, want_grads) = (_output_and_grads(kernel, q, k, v),
                                           _output_and_grads(ref, q, k, v))
@@ -94,6 +93,11 @@ def test_flash_values_and_grads_match_reference(case):
     row = case.kv_len.index(0)
     assert not np.any(np.asarray(got)[row]), 'padding row must give zeros'
     assert not np.any(np.asarray(got_grads[0])[row]), 'padding row must give zero dq'
+
+
+@pytest.mark.parametrize('case', FLASH_CASES, ids=lambda c: c.name)
+def test_flash_values_and_grads_match_reference(case):
+  check_flash_case(case, SMALL_BLOCKS, D=32, bounds=[[7, 19], [5, 26]])  # Three segments a row.
 
 
 def test_flash_bfloat16_forward_matches_reference():

@@ -1,8 +1,10 @@
-"""GPU check of the Pallas attention kernels: correctness against the references, then speed.
+"""GPU/TPU check of the Pallas attention kernels: correctness against the references, then speed.
 
   python launch/bench.py kernels                        # on a GPU (or TPU): Qwen3-4B heads, bf16
   python launch/bench.py kernels --interpret --seqs=64 --check_seq=48 --heads=4 --kv_heads=2 \
       --head_dim=32 --dtype=float32 --decode_batch=2 --iters=1   # CPU smoke run of this script
+  (add --backend=tpu to the smoke run for the TPU kernels in TPU interpret mode; on a TPU VM,
+  --block_q=256 --block_k=512 tries larger blocks)
 
 1. Checks flash forward + gradients and ragged decode against `kernels.reference` (float32
    reference on the same inputs) at `--check_seq`; exits non-zero on a mismatch.
@@ -40,6 +42,11 @@ def _parse(argv):
   parser.add_argument('--decode_splits', type=int, default=4)
   parser.add_argument('--iters', type=int, default=10)
   parser.add_argument('--interpret', action='store_true', help='run kernels interpreted (CPU)')
+  parser.add_argument('--backend', default=None, choices=('gpu', 'tpu'),
+                      help="kernels to run (default: the running backend's); with --interpret, "
+                           "'tpu' runs the TPU kernels in TPU interpret mode")
+  parser.add_argument('--block_q', type=int, default=None, help='flash query block (fwd and bwd)')
+  parser.add_argument('--block_k', type=int, default=None, help='flash key block (fwd and bwd)')
   return parser.parse_args(argv)
 
 
@@ -142,9 +149,15 @@ def _decode_speed(args, settings, S: int) -> None:
 
 def main(argv: list[str]) -> None:
   args = _parse(argv)
-  settings = ops.Settings(decode_splits=args.decode_splits, interpret=args.interpret)
+  blocks = {}
+  if args.block_q:
+    blocks.update(block_q=args.block_q, block_q_bwd=args.block_q)
+  if args.block_k:
+    blocks.update(block_k=args.block_k, block_k_bwd=args.block_k)
+  settings = ops.Settings(decode_splits=args.decode_splits, interpret=args.interpret,
+                          backend=args.backend, **blocks)
   print(f'backend {jax.default_backend()} devices {jax.devices()} dtype {args.dtype} '
-        f'interpret {args.interpret}')
+        f'interpret {args.interpret} kernels {ops.backend(settings)}')
   tol = 2e-2 if args.dtype == 'bfloat16' else 1e-4
   if not _check(args, settings, tol):
     raise SystemExit('kernels disagree with the references')

@@ -37,12 +37,12 @@ def xla_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B):
 
 
 def attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B, *, impl: str = 'xla',
-              interpret: bool = False):
-  """Dispatches to the XLA reference or the Pallas kernels (`kernels/`)."""
+              interpret: bool = False, backend: str | None = None):
+  """Dispatches to the XLA reference or the Pallas kernels (`kernels/`) of `backend`."""
   if impl == 'xla':
     return xla_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B)
   if impl == 'pallas':
     from kernels import ops  # Imported lazily: the kernels package is only needed on this path.
     return ops.attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B,
-                         interpret=interpret)
+                         settings=ops.Settings(interpret=interpret, backend=backend))
   raise ValueError(f'unknown attention_impl {impl!r}')

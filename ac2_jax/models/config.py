@@ -39,6 +39,10 @@ class ModelConfig:
   attention_impl: Literal['xla', 'pallas'] = 'xla'
   # Pallas kernels run through the interpreter (CPU tests) when True.
   pallas_interpret: bool = False
+  # Which Pallas kernels: 'tpu' (Mosaic), 'gpu' (Triton) or None (the running backend's). An
+  # explicit one exports for that platform from any machine, or (with pallas_interpret) runs
+  # the TPU kernels on CPU in TPU interpret mode.
+  pallas_backend: Literal['gpu', 'tpu'] | None = None
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -46,6 +50,8 @@ class ModelConfig:
           f'num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}')
     if self.attention_impl not in ('xla', 'pallas'):
       raise ValueError(f"attention_impl must be 'xla' or 'pallas', got {self.attention_impl!r}")
+    if self.pallas_backend not in (None, 'gpu', 'tpu'):
+      raise ValueError(f"pallas_backend must be 'gpu', 'tpu' or None, got {self.pallas_backend!r}")
     for name in ('param_dtype', 'dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16'):
         raise ValueError(f"{name} must be 'float32' or 'bfloat16', got {getattr(self, name)!r}")

@@ -79,7 +79,8 @@ class Attention(nn.Module):
 
     out_BxTxHxD = attention_lib.attention(
         q, keys_BxSxKxD.astype(q.dtype), values_BxSxKxD.astype(q.dtype), positions_BxT, kv_len_B,
-        impl=c.attention_impl, interpret=c.pallas_interpret)
+        impl=c.attention_impl, interpret=c.pallas_interpret,
+        backend=c.pallas_backend)
     out_BxTxE = _dense(c.hidden_size, 'o_proj', c, axis=(-2, -1))(out_BxTxHxD)
     return out_BxTxE, new_cache
 
