@@ -39,7 +39,12 @@ def test_figures_by_hand():
   # (0.7, 0.5) -> (0.1, -0.1). Monte Carlo advantages: (-0.2, 0.2) and (0, 0).
   critic_adv = np.array([0.05, -0.05, 0.1, -0.1])
   mc_adv = np.array([-0.2, 0.2, 0.0, 0.0])
-  assert out['chunk_adv_corr'] == pytest.approx(np.corrcoef(critic_adv, mc_adv)[0, 1])
+  assert out['chunk_adv_corr_routed'] == pytest.approx(np.corrcoef(critic_adv, mc_adv)[0, 1])
+  # Only group 2 had every chunk valued by the critic; its Monte Carlo advantages are all 0.
+  assert out['chunk_adv_corr'] == 0.0
+  held[1].rewards_G[:] = [0.8, 0.2]
+  out = probe.figures([0.3, None], chunk_values, held, constant=0.4, tau_local=0.18)
+  assert out['chunk_adv_corr'] == pytest.approx(1.0)
   assert out['chunks_scored'] == 0.75
 
 
