@@ -28,6 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.init_checkpoint = ''     # Hugging Face checkpoint dir; '' = SFT warm start (built-in task)
   c.model.dtype = 'float32'        # compute and parameter dtype: 'float32' | 'bfloat16'
   c.model.attention_impl = 'xla'   # 'xla' | 'pallas'
+  c.model.pallas_backend = ''      # Pallas kernels for 'tpu' | 'gpu'; '' = the running backend
   c.model.remat = False
   c.model.logits_chunk = 0         # positions per vocabulary projection in the updates; 0 = all
 

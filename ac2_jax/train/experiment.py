@@ -84,7 +84,8 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
                      f'got {c.task.name!r}')
   hf_config = os.path.join(c.model.init_checkpoint, 'config.json')
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.dtype,
-                   attention_impl=c.model.attention_impl, remat=c.model.remat)
+                   attention_impl=c.model.attention_impl,
+                   pallas_backend=c.model.pallas_backend or None, remat=c.model.remat)
   if c.model.init_checkpoint and os.path.isfile(hf_config):
     with open(hf_config) as f:
       model = ModelConfig.from_hf_dict(json.load(f), **overrides)
@@ -189,6 +190,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print
   mesh = sharding.make_mesh(sharding.MeshConfig(c.mesh.data, c.mesh.fsdp, c.mesh.tensor))
   model_config, params = models.load_hf_checkpoint(checkpoint, mesh=mesh, dtype=c.model.dtype,
                                                    attention_impl=c.model.attention_impl,
+                                                   pallas_backend=c.model.pallas_backend or None,
                                                    remat=c.model.remat)
   ctl_settings = controller_settings(c)
   update_settings = updates.UpdateSettings(
