@@ -12,8 +12,8 @@ error, 0.07-0.10, is under both thresholds), but a ready problem is rarely repla
 training problems, a 64-trajectory buffer refreshed by 16 per step), so only 3% of the replay slots
 of the second half were ready and 0.5% of all rows were critic-scored chunks. The critic probe
 (`launch/bench.py critic`, BENCHMARKS.md) shows why readiness alone proves little here: the tiny
-critic's reads barely discriminate prefixes (chunk-advantage correlation about 0.2), while a
-constant is within tau_local of 96% of the labels.
+critic's reads do not discriminate prefixes (chunk-advantage correlation 0.01-0.07 against 0.39
+in the paper), while a constant is within tau_local of 96% of the labels.
 
 CPU departures from Table 4 (each a key in ac2_jax/train/defaults.py, with its reason there): the
 critic's value read as the expectation over the grid tokens (critic.readout), a short critic
