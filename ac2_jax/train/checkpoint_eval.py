@@ -103,10 +103,10 @@ def evaluate_checkpoint(path: str, *, config: ml_collections.ConfigDict | None =
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                       keep=c.checkpoints_kept)
     try:
-      step, state, host = ckpt.restore(state, source.step)
+      step, state, saved = ckpt.restore(state, source.step)  # saved: {'algorithm', 'host'}
     finally:
       ckpt.close()
-    result.update(step=int(step), decoding_flops_cum=float(host['flops_cum']))
+    result.update(step=int(step), decoding_flops_cum=float(saved['host']['flops_cum']))
   scores_PxN, _, _ = sample_scores(rt, state.params, jax.random.key(seed),
                                    num_problems=num_problems, num_responses=num_responses,
                                    max_new_tokens=c.controller.response_budget)
