@@ -179,32 +179,33 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def shard_batch(tree: Any, mesh: Mesh) -> Any:
-  """Places a host batch on `mesh`, splitting every leaf's leading dimension over (data, fsdp).
+def batch_devices(mesh: Mesh) -> int:
+  """Devices the batch axes split a batch over (data x fsdp): rows must divide evenly by this."""
+  return _axis_size(mesh, BATCH_AXES)
 
-  Each process passes its own slice of the global batch (in a single process: the whole batch).
-  Scalar leaves are replicated.
+
+def put_batch(tree: Any, mesh: Mesh) -> Any:
+  """Places a host batch that is the same on every process: every leaf's leading dimension over
+  (data, fsdp), each device taking its own rows; scalar leaves replicated.
+
+  The one placement rule of the trainer's update batches and the sampler's device inputs.
   """
-  batch_devices = _axis_size(mesh, BATCH_AXES)
+  devices = batch_devices(mesh)
   replicated = NamedSharding(mesh, P())
 
   def put(path, leaf):
-    local = np.asarray(leaf)
-    if local.ndim == 0:
-      return jax.make_array_from_process_local_data(replicated, local)
-    global_rows = local.shape[0] * jax.process_count()
-    if global_rows % batch_devices:
-      raise ValueError(f'batch leaf {path_str(path) or "<root>"}: global batch size {global_rows} '
-                       f'is not divisible by data*fsdp = {batch_devices}')
-    return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
+    array = np.asarray(leaf)
+    if array.ndim == 0:
+      target = replicated
+    elif array.shape[0] % devices:
+      raise ValueError(f'batch leaf {path_str(path) or "<root>"}: batch size '
+                       f'{array.shape[0]} is not divisible by data*fsdp = {devices}')
+    else:
+      target = batch_sharding(mesh)
+    # global_shape == local shape: every process holds the whole array and keeps its part.
+    return jax.make_array_from_process_local_data(target, array, array.shape)
 
   return jax.tree_util.tree_map_with_path(put, tree)
-
-
-def cache_sharding(mesh: Mesh, num_kv_heads: int, batch: int) -> NamedSharding:
-  """Sharding of a KV cache [L, B, S, K, D]: batch over (data, fsdp), KV heads over tensor."""
-  spec = fit_spec((None, BATCH_AXES, None, 'tensor', None), (0, batch, 0, num_kv_heads, 0), mesh)
-  return NamedSharding(mesh, spec)
 
 
 def initialize_multihost(coordinator: Optional[str] = None, num_processes: Optional[int] = None,

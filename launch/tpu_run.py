@@ -14,7 +14,7 @@ See docs/tpu.md and docs/gpu.md.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ac2_jax.train import cli, console, distributed, dry_run, loop
+from ac2_jax.train import cli, console, distributed, dry_run, experiment, loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
@@ -33,7 +33,7 @@ def main(argv):
   console.quiet_progress_bars()  # no tqdm bars in a log file
   config = _CONFIG.value
   if config.dry_run:  # no cluster is started: the mesh is abstract
-    print(dry_run.run(config).text())
+    print(dry_run.run(experiment.dry_run_plan(config)).text())
     return
   print(distributed.start(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value))
   summary = loop.train(config, _WORKDIR.value)

@@ -4,7 +4,7 @@
 
 Starts JAX's runtime, then exercises what train/distributed.py promises, printing one JSON line:
 files prepared under `main_process_first`, the process-0 judge with broadcast grades, a stop flag
-raised on one process only (`any_process`), and a host batch placed with `put_global_batch`
+raised on one process only (`any_process`), and a host batch placed with `sharding.put_batch`
 (each device must hold its own rows of the global batch).
 """
 
@@ -43,7 +43,7 @@ def main(coordinator: str, num_processes: str, process_id: str, shared_dir: str,
 
   mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=-1, tensor=1))
   rows_BxT = np.arange(16 * 3, dtype=np.int32).reshape(16, 3)
-  batch = distributed.put_global_batch({'rows_BxT': rows_BxT, 'scale': np.float32(2.0)}, mesh)
+  batch = sharding.put_batch({'rows_BxT': rows_BxT, 'scale': np.float32(2.0)}, mesh)
   shards_ok = all(np.array_equal(np.asarray(s.data), rows_BxT[s.index])
                   for s in batch['rows_BxT'].addressable_shards)
   replicated = jax.sharding.NamedSharding(mesh, P())

@@ -187,6 +187,7 @@ def test_bad_results_are_rejected_with_clear_errors():
       (swap(2, continuations=(Continuation(1.0, ValueSource.JUDGE, 7, True),) * 4), 'no reference'),
       (swap(2, continuations=(Continuation(float('nan'), ValueSource.JUDGE),) * 4), 'value'),
       (swap(2, continuations=(Continuation(0.5, ValueSource.JUDGE, 9),) * 4), 'points'),
+      (swap(2, continuations=(Continuation(0.5, ValueSource.JUDGE, -0.5),) * 4), 'points'),
       (swap(0, continuations=(Continuation(0.5, ValueSource.JUDGE, 3),)), 'tokens_N'),
   ]
   for bad, message in cases:
@@ -194,7 +195,9 @@ def test_bad_results_are_rejected_with_clear_errors():
       c.observe(0, bad)
   with pytest.raises(ValueError, match='not observed'):
     c.state_dict()
-  c.observe(0, good)
+  # Fractional points (the built-in task's local scoring) are judge points too.
+  fractional = swap(2, continuations=(Continuation(0.75, ValueSource.JUDGE, 5.25),) * 4)
+  c.observe(0, fractional)
   with pytest.raises(ValueError, match='already observed'):
     c.plan(0)
   with pytest.raises(KeyError, match='unknown problem'):

@@ -33,8 +33,8 @@ def _step(controller, step):
   results = make_results(plan, controller.settings, value=_value(step), prefix=_prefix(step),
                          reference=lambda r, j: np.array([step, j, len(r.problem_id)], np.int32))
   outcome = controller.observe(step, results)
-  eps_high = controller.entropy.update(0.1 if step % 3 else 0.5)
-  lr = controller.critic_lr.observe(2.0 if step % 4 else 0.5, 0.5, 0.5, finite=step != 6)
+  eps_high = controller.update_entropy(0.1 if step % 3 else 0.5)
+  lr = controller.observe_update_norms(2.0 if step % 4 else 0.5, 0.5, 0.5, finite=step != 6)
   batch = controller.critic_batch(step, context_limit=35)
   return plan, outcome, eps_high, lr, batch
 
@@ -76,7 +76,7 @@ def test_restore_mid_run_continues_exactly(changes):
   # The scripted run really exercised readiness, the bank and both kinds of request.
   assert straight.readiness.num_ready > 0 and len(straight.bank) > 0
   assert RequestKind.READY_CHUNK in kinds and RequestKind.UNREADY in kinds
-  assert len(eps_highs) > 1 and straight.critic_lr.lr < s.critic_lr_init
+  assert len(eps_highs) > 1 and straight.critic_lr < s.critic_lr_init
 
 
 def test_branching_a_variant_from_a_checkpoint_trims_buffers_to_new_capacities():

@@ -14,7 +14,8 @@ from ac2_jax.controller import sampling
 from ac2_jax.controller.bank import ReferenceBank
 from ac2_jax.controller.critic_buffer import CriticBuffer, CriticPair
 from ac2_jax.controller.replay import ReplayBuffer, Trajectory, freeze_tokens
-from ac2_jax.controller.targets import group_target, round_to_grid
+from ac2_jax.controller.targets import group_target
+from ac2_jax.critic.values import round_to_grid
 
 
 def _trajectory(i, problem=0, length=30, passed=False, reference=None):
@@ -37,7 +38,6 @@ def test_defaults_are_the_paper_table():
   assert s.critic_lr_ratio_threshold == pytest.approx(math.sqrt(2))
   assert (s.entropy_target, s.entropy_step, s.entropy_k_min, s.entropy_k_max, s.entropy_k_init,
           s.eps_high_base) == (.28, .02, -.08, .08, .06, .28)
-  assert s.grid_points == 10
   variant = s.with_chunk_size(2000)
   assert (variant.chunk_size, variant.cut_grid) == (2000, 2000)
 
@@ -47,7 +47,6 @@ def test_defaults_are_the_paper_table():
     (dict(audit_fraction=1.5), 'audit_fraction'),
     (dict(chunk_size=60_000), 'chunk_size'),
     (dict(max_cut_fraction=1.0), 'max_cut_fraction'),
-    (dict(value_grid_step=0.3), 'value_grid_step'),
     (dict(group_size=4), 'min_valid_per_target'),
     (dict(pass_points=8), 'pass_points'),
     (dict(critic_lr_floor=1e-5), 'critic_lr_floor'),
@@ -120,14 +119,14 @@ def test_audit_count_is_ceil_alpha_n(num_ready, alpha, expected):
 
 
 def test_grid_rounding_ties_go_down_and_targets_need_enough_valid_values():
-  assert [round_to_grid(x, 10) for x in (0.05, 0.15, 0.25, 0.35, 0.45, 0.251, 0.96, 1.0, 0.0)] == [
+  assert [round_to_grid(x) for x in (0.05, 0.15, 0.25, 0.35, 0.45, 0.251, 0.96, 1.0, 0.0)] == [
       0.0, 0.1, 0.2, 0.3, 0.4, 0.3, 1.0, 1.0, 0.0]
-  assert group_target([1.0] * 7 + [None] * 9, 8, 10) is None
-  assert group_target([1.0] * 4 + [0.0] * 4 + [None] * 8, 8, 10) == 0.5
-  assert group_target([None, None], 1, 10) is None
-  assert group_target([3 / 7, 3 / 7, None], 2, 10) == 0.4
-  with pytest.raises(ValueError, match='non-finite'):
-    round_to_grid(float('nan'), 10)
+  assert group_target([1.0] * 7 + [None] * 9, 8) is None
+  assert group_target([1.0] * 4 + [0.0] * 4 + [None] * 8, 8) == 0.5
+  assert group_target([None, None], 1) is None
+  assert group_target([3 / 7, 3 / 7, None], 2) == 0.4
+  with pytest.raises(ValueError, match='finite'):
+    round_to_grid(float('nan'))
 
 
 def test_replay_buffer_evicts_oldest_first():

@@ -1,6 +1,7 @@
 """Critic value grid, reply parsing, and the token-level critic prompt (SentencePiece made here)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,7 +34,7 @@ def test_round_to_grid_hand_numbers_and_ties_down():
   # A group mean that is a tie only up to float error: mean of [0.1, 0.2] is 0.15000000000000002.
   assert critic.round_to_grid(np.mean([0.1, 0.2])) == 0.1
   xs = np.linspace(-0.2, 1.2, 1401)
-  np.testing.assert_allclose(jax.jit(critic.round_to_grid_jnp)(xs),
+  np.testing.assert_allclose(jax.jit(lambda x: critic.round_to_grid_array(x, jnp))(xs),
                              [critic.round_to_grid(x) for x in xs], atol=1e-7)
   with pytest.raises(ValueError, match='finite'):
     critic.round_to_grid(float('nan'))
@@ -112,12 +113,10 @@ def test_custom_instructions_and_their_validation(tok):
   assert instruction.endswith('The first characters of your response must be `Q value:`.')
 
 
-def test_value_target_ids_and_prompt_variants(tok):
+def test_value_target_ids(tok):
   ids = critic.value_target_ids(tok, 0.7)
   assert ids[-1] == tok.eos_id
   assert tok.decode(ids) == '0.7<|im_end|>'
   assert tok.decode(critic.value_target_ids(tok, 1.0)) == '1<|im_end|>'
   with pytest.raises(ValueError, match='grid'):
     critic.value_target_ids(tok, 0.75)
-  assert critic.prompt_variants(None) == [(None, 1.0)]
-  assert critic.prompt_variants('ref') == [('ref', 0.5), (None, 0.5)]

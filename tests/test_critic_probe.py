@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ac2_jax import critic
-from ac2_jax.algorithms import rollouts
+from ac2_jax.learner import rows as rollouts
 from ac2_jax.bench import critic as probe
 from ac2_jax.tasks import builtin
 from ac2_jax.train import experiment

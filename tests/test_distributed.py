@@ -26,7 +26,7 @@ from jax.sharding import SingleDeviceSharding
 from ac2_jax import models
 from ac2_jax.judges import local_server
 from ac2_jax.train import checkpointing, experiment
-from ac2_jax.train import state as state_lib
+from ac2_jax.learner import state as state_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, 'launch', 'tpu_run.py')
@@ -36,6 +36,7 @@ MICRO = dict(num_layers=1, hidden_size=64, intermediate_size=128, head_dim=16)
 # Faster CPU compilation (numerics are the same in every run, all use these flags).
 FAST_XLA = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 TIMEOUT_S = 600
+pytestmark = pytest.mark.slow  # subprocesses: two-process runs and the launcher
 
 
 def _free_port() -> int:

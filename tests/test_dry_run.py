@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from ac2_jax import models, sampling, sharding
-from ac2_jax.train import dry_run, loop
-from ac2_jax.train import state as state_lib
+from ac2_jax.learner import state as state_lib
+from ac2_jax.train import dry_run, experiment, loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('docs/tpu.md', 'docs/gpu.md')
@@ -95,6 +95,7 @@ def dry_runs():
   return results
 
 
+@pytest.mark.slow
 def test_documented_dry_runs_pass_and_match_the_documents(dry_runs):
   assert {doc for doc, *_ in dry_runs} == set(DOCS)
   assert any('--num_processes=4' in args for _, args, *_ in dry_runs)
@@ -112,7 +113,7 @@ def test_builtin_configs_dry_run_in_process():
   for name in ('ac2', 'grpo', 'prefix_grpo'):
     c = _load_config(name)
     c.dry_run = True
-    report = dry_run.run(c, num_devices=8)
+    report = dry_run.run(experiment.dry_run_plan(c, num_devices=8))
     assert report.plan.mesh_shape == (1, 8, 1)
     assert report.num_params == sum(
         np.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(
@@ -124,7 +125,7 @@ def test_builtin_configs_dry_run_in_process():
 def test_state_memory_equals_the_shards_of_a_real_mesh():
   c = _load_config('ac2')
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2
-  report = dry_run.run(c)
+  report = dry_run.run(experiment.dry_run_plan(c))
   mesh = sharding.make_mesh(sharding.MeshConfig(1, 4, 2))
   params = sharding.shard_params(models.init_params(report.plan.model, jax.random.key(0)), mesh)
   state = state_lib.init_state(params, state_lib.OptimSettings())
@@ -144,13 +145,13 @@ def test_state_memory_equals_the_shards_of_a_real_mesh():
 
 def test_sampler_shape_is_what_the_sampler_pads_to():
   c = _load_config('ac2')
-  plan = dry_run.plan_from_config(c, num_devices=8)
+  plan = experiment.dry_run_plan(c, num_devices=8)
   B, P, C = dry_run.sampler_shape(plan, batch_devices=8)
   # A fresh rollout at the longest assumed prompt and a critic read at the longest context.
   fresh = sampling.requests.pack(
-      [np.ones(plan.prompt_tokens, np.int32)] * min(plan.max_sample_batch, plan.rows_per_step),
-      plan.response_budget, None, vocab_size=plan.model.vocab_size,
-      max_total_len=plan.max_total_len, batch_multiple=8)
+      [np.ones(plan.sizes.prompt_tokens, np.int32)] * min(plan.sizes.max_sample_batch, plan.sizes.rows_per_step),
+      plan.sizes.response_budget, None, vocab_size=plan.model.vocab_size,
+      max_total_len=plan.sizes.max_total_len, batch_multiple=8)
   assert B == fresh.contexts_BxP.shape[0]
   assert P + C >= fresh.contexts_BxP.shape[1] + fresh.max_new
 
@@ -159,7 +160,7 @@ def test_bad_mesh_and_training_with_dry_run_are_errors(tmp_path):
   c = _load_config('ac2')
   c.mesh.fsdp, c.mesh.tensor = -1, 4
   with pytest.raises(ValueError, match='not divisible'):
-    dry_run.run(c, num_devices=6)
+    dry_run.run(experiment.dry_run_plan(c, num_devices=6))
   c = _load_config('ac2')
   c.dry_run = True
   with pytest.raises(ValueError, match='dry_run'):

@@ -14,6 +14,7 @@ NOTEBOOKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', NOTEBOOKS)
 def test_notebook_runs(path):
   nb = nbformat.read(os.path.join(_ROOT, path), as_version=4)

@@ -101,26 +101,19 @@ def test_optimizer_state_gets_the_parameter_specs():
   assert adam.nu['lm_head']['kernel'] == P('fsdp', 'tensor')
 
 
-def test_shard_batch_splits_rows_over_data_and_fsdp():
+def test_put_batch_splits_rows_over_data_and_fsdp():
   mesh = _mesh(2, 2, 2)
+  assert sharding.batch_devices(mesh) == 4
   batch = {'tokens_BxT': np.arange(8 * 3).reshape(8, 3), 'step': np.int32(7)}
-  out = sharding.shard_batch(batch, mesh)
+  out = sharding.put_batch(batch, mesh)
   tokens = out['tokens_BxT']
   assert tokens.sharding == sharding.batch_sharding(mesh)
   # 4 batch shards of 2 rows, each held by the 2 devices of the tensor axis.
   assert {s.data.shape for s in tokens.addressable_shards} == {(2, 3)}
   np.testing.assert_array_equal(tokens, batch['tokens_BxT'])
   assert out['step'].sharding.spec == P() and int(out['step']) == 7
-  with pytest.raises(ValueError, match=r'batch leaf tokens_BxT: global batch size 6'):
-    sharding.shard_batch({'tokens_BxT': np.zeros((6, 3))}, mesh)
-
-
-def test_cache_sharding():
-  mesh = _mesh(2, 2, 2)
-  assert sharding.cache_sharding(mesh, num_kv_heads=2, batch=8).spec == P(
-      None, ('data', 'fsdp'), None, 'tensor', None)
-  assert sharding.cache_sharding(mesh, num_kv_heads=1, batch=6).spec == P(
-      None, None, None, None, None)
+  with pytest.raises(ValueError, match=r'batch leaf tokens_BxT: batch size 6'):
+    sharding.put_batch({'tokens_BxT': np.zeros((6, 3))}, mesh)
 
 
 def _batch(config, B=8, T=12, seed=0):
@@ -165,7 +158,7 @@ def test_sharded_forward_and_adamw_step_equal_single_device():
   batch_sh = jax.tree_util.tree_map(lambda _: sharding.batch_sharding(mesh), batch)
   s_params = sharding.shard_params(params, mesh)
   s_opt = jax.jit(optimizer.init, out_shardings=opt_sh)(s_params)
-  s_batch = sharding.shard_batch(batch, mesh)
+  s_batch = sharding.put_batch(batch, mesh)
 
   got_logits = jax.jit(lambda p, b: logits(config, p, b['tokens_BxT'], b['lengths_B']),
                        in_shardings=(param_sh, batch_sh))(s_params, s_batch)

@@ -17,7 +17,7 @@ from ac2_jax.train import experiment, loop
 from train_fixtures import (compile_cache, length_credit_build_task, overrides,  # noqa: F401
                             read_records, tiny_config, train_base)
 
-pytestmark = pytest.mark.usefixtures('compile_cache')
+pytestmark = [pytest.mark.usefixtures('compile_cache'), pytest.mark.slow]
 
 MESH_8 = {'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2, 'model.logits_chunk': 24}
 MESH_1 = {'mesh.data': 1, 'mesh.fsdp': 1, 'mesh.tensor': 1}

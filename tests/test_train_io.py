@@ -152,3 +152,18 @@ def test_orbax_checkpoint_round_trip(tmp_path):
 def test_missing_checkpoint_is_clear(tmp_path):
   with pytest.raises(FileNotFoundError, match='no checkpoint'):
     checkpointing.Checkpointer(str(tmp_path / 'empty')).restore({'a': jnp.zeros(2)})
+
+
+def test_mechanism_summary_by_hand():
+  from ac2_jax.train import metrics as metrics_lib
+  records = [{'step': 0, 'val/mean_score': 0.3}]
+  for step, ready, frac, routed, zero in [(1, 0, 0.0, 0, 0.5), (2, 3, 0.0, 0, None),
+                                          (3, 5, 0.5, 10, 0.0), (4, 6, 0.7, 30, 0.25)]:
+    records.append({'step': step, 'num_ready_problems': ready, 'ready_fraction': frac,
+                    'routed_to_critic': routed, 'rows_generated': 40,
+                    'replay/zero_variance_groups': zero})
+  out = metrics_lib.mechanism_summary(records)
+  assert out == {'ready_problems': 6, 'first_ready_step': 2, 'ready_fraction_second_half': 0.6,
+                 'critic_scored_share': 40 / 160, 'zero_variance_groups': 0.25}
+  # A run without a critic (GRPO) has nothing to say.
+  assert metrics_lib.mechanism_summary([{'step': 1, 'reward/judged_mean': 0.2}]) == {}

@@ -12,7 +12,7 @@ import pytest
 
 from ac2_jax import models
 from ac2_jax.train import checkpointing, experiment, loop
-from ac2_jax.train import state as state_lib
+from ac2_jax.learner import state as state_lib
 from train_fixtures import (compile_cache, length_credit_build_task, read_records,  # noqa: F401
                             tiny_config, train_base)
 

@@ -1,24 +1,36 @@
-"""One training step of every config file and every AC2 variant with the tiny model, end to end:
-config file -> loop.train -> metrics.jsonl, TensorBoard events, orbax checkpoint, plots, summary."""
+"""One training step of every config file with the tiny model, end to end (config file ->
+loop.train -> metrics.jsonl, TensorBoard events, orbax checkpoint, plots, summary), on a task
+with varied rewards so that the advantages are not 0; an actor update that moves the parameters
+toward a known advantage; and what each AC2 variant changes at step 1 or 2 (every problem made
+ready from step 2)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from ac2_jax.algorithms import ac2 as ac2_lib
+from ac2_jax.controller.steps import RequestKind
+from ac2_jax.learner import rows as rows_lib
+from ac2_jax.learner import updates
 from ac2_jax.train import checkpointing, experiment, loop
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (AC2_VARIANTS, REPO, as_flags, compile_cache,  # noqa: F401
-                            is_finite_number, load_config, overrides, read_records, tiny_config,
-                            train_base)
+                            is_finite_number, length_credit_build_task, load_config, overrides,
+                            read_records, tiny_config, train_base)
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
-RUNS = ([('ac2', '')] + [('ac2', v) for v in AC2_VARIANTS] + [('prefix_grpo', ''), ('grpo', '')])
+# End to end through loop.train: one step of each algorithm's config file.
+RUNS = ('ac2', 'prefix_grpo', 'grpo')
 
-# The config switch each AC2 variant argument must set (as written to WORKDIR/config.json).
+# The config switch each AC2 variant argument must set.
 VARIANT_SWITCH = {
     'no_audit': ('no_audit', True),
     'group1': ('group_size_one', True),
@@ -42,10 +54,13 @@ def _check_common(workdir, summary, record):
   assert record['step_time'] > 0
   assert record['val/mean_score'] == summary.final_score  # evaluated at the last step
   assert record['judge_failures'] == 0
+  # LengthCreditTask: varied rewards, so real advantages and real actor updates.
+  assert record['adv/abs_mean'] > 0
   for minibatch in ('actor1', 'actor2'):
     assert record[f'{minibatch}/skipped'] == 0.0
     assert record[f'{minibatch}/tokens'] > 0
     assert is_finite_number(record[f'{minibatch}/loss'])
+    assert record[f'{minibatch}/grad_norm'] > 0 and record[f'{minibatch}/update_norm'] > 0
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
   assert ckpt.latest_step() == 1
   ckpt.close()
@@ -55,9 +70,10 @@ def _check_common(workdir, summary, record):
     assert json.load(f)['last_step'] == 1
 
 
-@pytest.mark.parametrize('name,arg', RUNS, ids=[f'{n}:{a}' if a else n for n, a in RUNS])
-def test_one_step(train_base, tmp_path, name, arg):
-  c = tiny_config(train_base, name, arg)
+@pytest.mark.parametrize('name', RUNS)
+def test_one_step(train_base, tmp_path, monkeypatch, name):
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, name)
   summary = loop.train(c, str(tmp_path), log=lambda *_: None)
   records = read_records(str(tmp_path))
   assert sorted(records) == [0, 1]
@@ -65,8 +81,7 @@ def test_one_step(train_base, tmp_path, name, arg):
   record = records[1]
   _check_common(str(tmp_path), summary, record)
   with open(tmp_path / 'config.json') as f:
-    written = json.load(f)
-  assert written['algorithm'] == name
+    assert json.load(f)['algorithm'] == name
   if name == 'ac2':
     assert record['critic_lr'] > 0
     assert record['critic/pairs'] > 0 and record['critic/skipped'] == 0.0
@@ -77,17 +92,130 @@ def test_one_step(train_base, tmp_path, name, arg):
     assert record.get('routed_to_critic', 0) == 0 and record.get('critic_reads_invalid', 0) == 0
   if name == 'grpo':
     assert record['rows_trained'] == c.grpo.problems_per_step * c.grpo.group_size
-  if arg:
-    key, value = VARIANT_SWITCH[arg]
-    assert written['controller'][key] == value
-  # What a first step shows of the variants (the others act once problems become ready).
-  n_refill = c.controller.n_refill
-  if name == 'ac2' and arg == 'stale_buffer':  # the whole buffer collected at once
-    assert record['num_refills'] == record['buffer_size'] == n_refill * c.controller.stale_factor
-  elif name == 'ac2' and arg == 'correct_only':  # a 3-step warm start passes nothing
-    assert record['num_refills'] == n_refill and record['buffer_size'] == 0
-  elif name in ('ac2', 'prefix_grpo'):
-    assert record['num_refills'] == record['buffer_size'] == n_refill
+  else:
+    assert record['num_refills'] == record['buffer_size'] == c.controller.n_refill
+
+
+@pytest.fixture(scope='module')
+def built(train_base, tmp_path_factory):
+  """(config, runtime, state) of the tiny AC2 config with LengthCreditTask, built once."""
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+    c = tiny_config(train_base, 'ac2')
+    rt, _, state = experiment.build(c, str(tmp_path_factory.mktemp('built')), log=lambda *_: None)
+  return c, rt, state
+
+
+def _copy(state):
+  """A private copy of the train state: the jitted updates donate (consume) their input state."""
+  return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), state)
+
+
+def _masked_logprob(rt, params, batch) -> float:
+  logp = updates.sequence_logprobs(rt.model_config, params, batch.tokens_BxT,
+                                   rt.update_settings.temperature)
+  return float(jnp.sum(logp * batch.loss_mask_BxT))
+
+
+@pytest.mark.parametrize('sign', [1.0, -1.0])
+def test_actor_update_moves_toward_the_advantage(built, sign):
+  """On-policy rows with advantage +1 (-1) on their tokens: one actor update makes those tokens
+  more (less) likely."""
+  _, rt, state = built
+  rows = []
+  for i in range(4):
+    new = rt.train_prompts[i + 1][-6:]
+    rows.append(rows_lib.Row(problem_index=i, context_P=rt.train_prompts[i], prefix_len=0,
+                             new_N=new, logprobs_N=np.zeros(len(new), np.float32),
+                             entropies_N=np.ones(len(new), np.float32), stop_reason='eos',
+                             advantage=sign, weight=1.0))
+  batch = rows_lib.actor_batch(rt, rows)
+  old = updates.sequence_logprobs(rt.model_config, state.params, batch.tokens_BxT,
+                                  rt.update_settings.temperature)
+  batch = batch.replace(old_logprobs_BxT=old)  # ratio 1: the clip is not active
+  before = _masked_logprob(rt, state.params, batch)
+  moved, metrics = rt.actor_step(_copy(state), batch, jnp.float32(0.28))
+  assert float(metrics['skipped']) == 0.0 and float(metrics['update_norm']) > 0
+  after = _masked_logprob(rt, moved.params, batch)
+  assert sign * (after - before) > 0, (before, after)
+
+
+def _variant_steps(train_base, built, arg, before_step):
+  """Two AC2 steps under the variant's settings (configs/ac2.py:ARG at the tiny sizes) on the
+  built runtime; every problem is ready from step 2. Returns (settings, algorithm, plans,
+  records)."""
+  c, rt, state = built
+  settings = experiment.controller_settings(tiny_config(train_base, 'ac2', arg))
+  key, value = VARIANT_SWITCH[arg]
+  assert getattr(settings, key) == value
+  algorithm = ac2_lib.AC2(rt, settings, c.seed)
+  state = _copy(state)
+  plans, records = {}, {}
+  for step in (1, 2):
+    if step == 2:
+      algorithm.controller.readiness.ready_P[:] = True
+    before_step(step, algorithm)
+    plans[step] = algorithm.controller.plan(step)  # step() takes this pending plan
+    state, records[step] = algorithm.step(rt, state, step, experiment.step_key(c.seed, step))
+  return settings, algorithm, plans, records
+
+
+def _requests(plan, kind):
+  return [r for r in plan.requests if r.kind == kind]
+
+
+@pytest.mark.parametrize('arg', AC2_VARIANTS)
+def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
+  _, rt, _ = built
+  seen_references = []
+  if arg == 'no_reference':
+    # A reference for every problem in the bank: without the switch, the critic would read them.
+    real = rt.task.critic_instruction
+    monkeypatch.setattr(rt.task, 'critic_instruction',
+                        lambda ref: seen_references.append(ref) or real(ref))
+
+  def before_step(step, algorithm):
+    if arg == 'no_reference' and step == 1:
+      algorithm.controller.bank.load_items(
+          [(p, r.reference_solution) for p, r in enumerate(rt.train_records)])
+    if arg == 'no_local_readiness' and step == 1:
+      algorithm.controller.readiness.global_ok = lambda: True  # the global test passes
+
+  s, algorithm, plans, records = _variant_steps(train_base, built, arg, before_step)
+  ready = _requests(plans[2], RequestKind.READY_CHUNK)
+  audits = _requests(plans[2], RequestKind.AUDIT)
+  for step in (1, 2):
+    assert records[step]['actor1/skipped'] == 0.0 and records[step]['rows_trained'] > 0
+  if arg == 'no_audit':
+    assert not audits and len(ready) == s.n_batch
+  else:
+    assert len(audits) == math.ceil(s.audit_fraction * s.n_batch) or arg == 'correct_only'
+  if arg == 'group1':  # single continuations from distinct cuts of the ready slots
+    assert len(ready) > s.n_batch - len(audits)
+    assert all(r.num_continuations == 1 for r in ready)
+    assert records[2]['num_dropped_rows'] <= len(ready)
+  elif ready:
+    assert all(r.num_continuations == s.group_size for r in ready)
+  if arg == 'stale_buffer':  # the whole buffer collected at step 1, no refills at step 2
+    collected = s.n_refill * s.stale_factor
+    assert records[1]['num_refills'] == records[1]['buffer_size'] == collected
+    assert records[2]['num_refills'] == 0 and records[2]['buffer_size'] == collected
+  else:
+    assert records[2]['num_refills'] == s.n_refill
+  if arg == 'correct_only':  # only passing rollouts enter the buffer; none: cold start again
+    assert all(t.passed for t in algorithm.controller.replay.trajectories)
+    if records[1]['buffer_size'] == 0:
+      assert len(_requests(plans[2], RequestKind.COLD_START)) == s.n_batch
+  if arg == 'chunk_small':  # chunks of b / 5 new tokens from cuts on a grid of b / 5
+    assert ready and all(r.max_new_tokens <= s.chunk_size and r.cut % s.cut_grid == 0
+                         for r in ready)
+    assert s.chunk_size < load_config('ac2').controller.chunk_size
+    assert records[2]['routed_to_critic'] > 0
+  if arg == 'no_local_readiness':  # every problem ready at once, with no reference or low error
+    assert records[1]['num_newly_ready'] == len(rt.train_records)
+  if arg == 'no_reference':
+    assert len(algorithm.controller.bank) == len(rt.train_records)
+    assert seen_references and all(ref is None for ref in seen_references)
 
 
 def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
@@ -116,6 +244,7 @@ def test_warm_start_runs_once_and_is_reused(train_base, tmp_path):
   assert not any('reusing' in m for m in messages)
 
 
+@pytest.mark.slow
 def test_launcher_runs_a_config_with_overrides(train_base, compile_cache, tmp_path):
   """The README's command, `--config.key=value` overrides included, in a fresh process."""
   env = {**os.environ, 'JAX_COMPILATION_CACHE_DIR': compile_cache,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ac2_jax import models
-from ac2_jax.train import state as state_lib
-from ac2_jax.train import updates
+from ac2_jax.learner import state as state_lib
+from ac2_jax.learner import updates
 
 CONFIG = models.get_config('tiny').replace(num_layers=2)
 

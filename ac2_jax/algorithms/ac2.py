@@ -1,8 +1,15 @@
-"""AC2 (and Prefix GRPO): one training step, from the controller's plan to the three updates.
+"""AC2 (and Prefix GRPO): one training step as named stages over typed row records.
 
-  plan -> one batched sampler call -> routing (critic or judge) -> critic reads with the weights from
-  before the update -> observe -> entropy control -> advantages on the whole batch -> actor
-  minibatch 1 -> critic update -> actor minibatch 2 -> critic learning-rate control.
+  plan        the controller's requests: refills, cold starts, unready groups, ready chunks, audits
+  generate    every request's continuations in one batched sampler call -> one `ChunkRow` each
+  route       a chunk that hit its cap with budget left and no complete answer goes to the critic,
+              everything else to the judge (ALGORITHMS.md AC2 item 3)
+  score       judge grades; critic reads of routed endpoints and of V(s) at the prefixes, all with
+              the weights from before this step's update
+  observe     the controller takes the scored results (readiness, buffers, bank, critic pairs)
+  advantages  A_i = v_i - mean_j v_j per group (invalid reads: weight 0), group-1 singles v - V(s)
+  update      entropy control -> actor minibatch 1 -> critic update -> actor minibatch 2 -> critic
+              learning-rate rule; the update metrics are read from the device once
 
 Prefix GRPO is the same machinery with the critic switched off: every prefix gets g full
 continuations scored by the judge and GRPO advantages (mean-centred terminal rewards); since no
@@ -11,19 +18,61 @@ critic value is ever read, no problem becomes ready.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from ac2_jax import controller as ctl
-from ac2_jax import sampling
-from ac2_jax.algorithms import rollouts
+from ac2_jax.algorithms import base
 from ac2_jax.algorithms import timing
 from ac2_jax.controller.steps import RequestKind, ValueSource
+from ac2_jax.judges.grading import Grade
+from ac2_jax.learner import rows as rows_lib
+from ac2_jax.learner.runtime import Runtime
 from ac2_jax.rl import advantages as adv_lib
-from ac2_jax.train.runtime import Runtime
 
 
-class AC2:
+@dataclasses.dataclass
+class ChunkRow:
+  """One continuation of a planned request, carried through the stages of a step."""
+
+  request_index: int
+  request: ctl.GenerationRequest
+  rollout: rows_lib.Row          # tokens, log-probs, entropies; advantage and weight once assigned
+  text: str = ''                 # the whole response so far (replayed prefix + new tokens)
+  to_critic: bool = False        # route: the critic scores the endpoint, else the judge
+  grade: Grade | None = None     # score of a judged row
+  critic_value: float | None = None  # score of a routed row (None: invalid read)
+
+  @property
+  def actor_value(self) -> float:
+    """The endpoint value in the actor loss: a failed judge call is reward 0, an invalid read 0
+    (its row then has weight 0)."""
+    if self.to_critic:
+      return 0.0 if self.critic_value is None else self.critic_value
+    return self.grade.reward
+
+  @property
+  def actor_valid(self) -> bool:
+    return not self.to_critic or self.critic_value is not None
+
+
+@dataclasses.dataclass
+class StepData:
+  """What the stages of one step produce, in plan order."""
+
+  plan: ctl.StepPlan
+  rows: list[ChunkRow]
+  decoding_flops: float
+  prefix_values: dict[int, float | None] = dataclasses.field(default_factory=dict)
+  reads: list[float | None] = dataclasses.field(default_factory=list)  # every critic read
+
+  def rows_of(self, kind: RequestKind) -> list[ChunkRow]:
+    return [r for r in self.rows if r.request.kind == kind]
+
+
+class AC2(base.Algorithm):
   """Holds the host-side controller; `step` runs one training step."""
 
   def __init__(self, rt: Runtime, settings: ctl.ControllerSettings, seed: int, *,
@@ -41,172 +90,213 @@ class AC2:
 
   @property
   def critic_lr(self) -> float:
-    return self.controller.critic_lr.lr
-
-  def _reference(self, problem_id) -> str | None:
-    return None if self.settings.no_reference else self.controller.reference(problem_id)
+    return self.controller.critic_lr
 
   def step(self, rt: Runtime, state, step: int, key: jax.Array):
     timer = timing.PhaseTimer()
     with timer('controller'):
       plan = self.controller.plan(step)
-    requests = plan.requests
-    owner, contexts, prefix_lens, pidx, caps, budgets = [], [], [], [], [], []
-    for r, req in enumerate(requests):
+    with timer('generate'):
+      data = self.generate(rt, state.params, plan, key)
+    self.route(rt, data)
+    self.score(rt, state.params, data, timer)
+    with timer('controller'):
+      outcome = self.observe(rt, step, data)
+      self.assign_advantages(data)
+    state, updates = self.update(rt, state, step, data, timer)
+    return state, {**self.metrics(data, outcome, updates), **timer.metrics()}
+
+  # --- stages -------------------------------------------------------------------------------------
+
+  def generate(self, rt: Runtime, params, plan: ctl.StepPlan, key: jax.Array) -> StepData:
+    """One sampler call for every continuation of every request, in plan order."""
+    owners, contexts, prefix_lens, problems, caps, budgets = [], [], [], [], [], []
+    for r, req in enumerate(plan.requests):
       p = self._index[req.problem_id]
       context = np.concatenate([rt.train_prompts[p], req.prefix_tokens_P]).astype(np.int32)
       for _ in range(req.num_continuations):
-        owner.append(r)
+        owners.append(r)
         contexts.append(context)
         prefix_lens.append(req.cut)
-        pidx.append(p)
+        problems.append(p)
         caps.append(req.max_new_tokens)
         budgets.append(req.remaining_budget)
-    with timer('generate'):
-      rows, flops = rollouts.generate_rows(rt, state.params, contexts, prefix_lens, pidx, caps,
-                                           budgets, key, rt.train_sampling)
-    texts = rollouts.response_texts(rt, rows)
+    rollouts, flops = rows_lib.generate_rows(rt, params, contexts, prefix_lens, problems, caps,
+                                             budgets, key, rt.train_sampling)
+    texts = rows_lib.response_texts(rt, rollouts)
+    rows = [ChunkRow(r, plan.requests[r], rollout, text)
+            for r, rollout, text in zip(owners, rollouts, texts)]
+    return StepData(plan, rows, flops)
 
-    # Routing (ALGORITHMS.md AC2 item 3).
-    to_critic = [self.use_critic and requests[owner[i]].critic_may_score
-                 and row.stop_reason == 'chunk_cap' and not rt.task.has_complete_answer(texts[i])
-                 for i, row in enumerate(rows)]
-    judged = [i for i in range(len(rows)) if not to_critic[i]]
+  def route(self, rt: Runtime, data: StepData) -> None:
+    for row in data.rows:
+      row.to_critic = (self.use_critic and row.request.critic_may_score
+                       and row.rollout.stop_reason == 'chunk_cap'
+                       and not rt.task.has_complete_answer(row.text))
+
+  def score(self, rt: Runtime, params, data: StepData,
+            timer: timing.PhaseTimer | None = None) -> None:
+    """Judge grades of the judged rows; one batch of critic reads (routed endpoints, then V(s) of
+    the requests that need it) with the weights from before the update."""
+    timer = timer or timing.PhaseTimer()
+    judged = [r for r in data.rows if not r.to_critic]
     with timer('judge'):
-      grades = dict(zip(judged, rt.task.score_batch(
-          [rt.train_records[rows[i].problem_index] for i in judged], [texts[i] for i in judged])))
-
-    # Critic reads, all with the pre-update weights: endpoints, then V(s) at the prefixes.
-    read_prompts, read_responses, read_refs = [], [], []
-    endpoint_rows = [i for i in range(len(rows)) if to_critic[i]]
-    prefix_reqs = ([r for r, req in enumerate(requests) if req.needs_prefix_value]
-                   if self.use_critic else [])
-    for i in endpoint_rows:
-      row = rows[i]
-      read_prompts.append(rt.train_prompts[row.problem_index])
-      read_responses.append(np.concatenate([row.context_P[row.prompt_len:], row.new_N]))
-      read_refs.append(self._reference(requests[owner[i]].problem_id))
-    for r in prefix_reqs:
-      req = requests[r]
-      read_prompts.append(rt.train_prompts[self._index[req.problem_id]])
-      read_responses.append(req.prefix_tokens_P)
-      read_refs.append(self._reference(req.problem_id))
+      grades = rt.task.score_batch([rt.train_records[r.rollout.problem_index] for r in judged],
+                                   [r.text for r in judged])
+    for row, grade in zip(judged, grades):
+      row.grade = grade
+    endpoints = [r for r in data.rows if r.to_critic]
+    prefix_requests = ([i for i, req in enumerate(data.plan.requests) if req.needs_prefix_value]
+                       if self.use_critic else [])
+    prompts, responses, references = [], [], []
+    for row in endpoints:
+      rollout = row.rollout
+      prompts.append(rt.train_prompts[rollout.problem_index])
+      responses.append(np.concatenate([rollout.context_P[rollout.prompt_len:], rollout.new_N]))
+      references.append(self._reference(row.request.problem_id))
+    for i in prefix_requests:
+      req = data.plan.requests[i]
+      prompts.append(rt.train_prompts[self._index[req.problem_id]])
+      responses.append(req.prefix_tokens_P)
+      references.append(self._reference(req.problem_id))
     with timer('critic_reads'):
-      values = rollouts.critic_reader(rt.critic_readout)(rt, state.params, read_prompts,
-                                                         read_responses, read_refs)
-    endpoint_value = dict(zip(endpoint_rows, values[:len(endpoint_rows)]))
-    prefix_value = dict(zip(prefix_reqs, values[len(endpoint_rows):]))
+      data.reads = rows_lib.critic_reader(rt.critic_readout)(rt, params, prompts, responses,
+                                                            references)
+    for row, value in zip(endpoints, data.reads):
+      row.critic_value = value
+    data.prefix_values = dict(zip(prefix_requests, data.reads[len(endpoints):]))
 
-    # Scored results for the controller; actor values alongside.
-    actor_value = np.zeros(len(rows), np.float32)
-    actor_valid = np.ones(len(rows), bool)
-    per_request = [[] for _ in requests]
-    for i, row in enumerate(rows):
-      if to_critic[i]:
-        v = endpoint_value[i]
-        actor_valid[i] = v is not None
-        actor_value[i] = 0.0 if v is None else v
-        c = ctl.Continuation(v, ValueSource.CRITIC, tokens_N=row.new_N)
+  def observe(self, rt: Runtime, step: int, data: StepData) -> ctl.StepOutcome:
+    per_request = [[] for _ in data.plan.requests]
+    for row in data.rows:
+      per_request[row.request_index].append(self._continuation(rt, row))
+    results = [ctl.RequestResult(tuple(cs), data.prefix_values.get(r))
+               for r, cs in enumerate(per_request)]
+    return self.controller.observe(step, results)
+
+  def assign_advantages(self, data: StepData) -> None:
+    """A_i = v_i - mean_j v_j per group (invalid reads: weight 0, filled); group-1 singles v - V(s).
+    Refills fill the replay buffer and are never trained on (weight 0)."""
+    groups: dict[int, list[ChunkRow]] = {}
+    for row in data.rows:
+      groups.setdefault(row.request_index, []).append(row)
+    for r, members in groups.items():
+      req = data.plan.requests[r]
+      if req.kind == RequestKind.REFILL:
+        continue
+      values = np.array([m.actor_value for m in members], np.float32)
+      valid = np.array([m.actor_valid for m in members], bool)
+      if req.num_continuations == 1 and req.kind == RequestKind.READY_CHUNK:
+        baseline = data.prefix_values.get(r)
+        a, w, _, _ = adv_lib.ac2_single_advantages(
+            values, valid, np.array([0.0 if baseline is None else baseline]),
+            np.array([baseline is not None]))
       else:
-        g = grades[i]
-        complete = rt.task.has_complete_answer(texts[i])
-        actor_value[i] = g.reward  # a failed judge call is reward 0 in the actor loss
-        passing = g.valid and g.points >= self.settings.pass_points and complete
-        c = ctl.Continuation(g.reward if g.valid else None, ValueSource.JUDGE,
-                             points=g.points if g.valid else None, complete_answer=complete,
-                             tokens_N=row.new_N,
-                             reference=rt.task.reference_from_response(texts[i]) if passing else None)
-      per_request[owner[i]].append(c)
-    results = [ctl.RequestResult(tuple(cs), prefix_value.get(r)) for r, cs in enumerate(per_request)]
-    with timer('controller'):
-      outcome = self.controller.observe(step, results)
+        a, w, _ = adv_lib.ac2_chunk_advantages(values[None], valid[None])
+        a, w = a[0], w[0]
+      for k, m in enumerate(members):
+        m.rollout.advantage = float(a[k])
+        m.rollout.weight = float(w[k])
 
-    # Adaptive entropy control over rows with an empty prefix, before the actor update.
-    empty = [r for r in rows if r.prefix_len == 0 and len(r.entropies_N)]
-    entropy = (float(np.mean(np.concatenate([r.entropies_N for r in empty]))) if empty else None)
-    eps_high = self.controller.entropy.update(entropy)
-
-    self._assign_advantages(rows, owner, requests, actor_value, actor_valid, prefix_value)
-
+  def update(self, rt: Runtime, state, step: int, data: StepData,
+             timer: timing.PhaseTimer | None = None):
+    """Entropy control, actor minibatch 1, critic update, actor minibatch 2, critic lr rule."""
+    timer = timer or timing.PhaseTimer()
+    rollouts = [r.rollout for r in data.rows]
+    empty = [r for r in rollouts if r.prefix_len == 0 and len(r.entropies_N)]
+    entropy = float(np.mean(np.concatenate([r.entropies_N for r in empty]))) if empty else None
+    eps_high = self.controller.update_entropy(entropy)
     with timer('actor_updates'):
-      state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
-    critic_metrics = {}
+      state, m1 = timing.ready(rows_lib.train_actor(rt, state, rollouts, eps_high, 0))
+    critic_counts, critic_device = {}, {}
     if self.use_critic:
       with timer('critic_update'):
-        state, critic_metrics = self._critic_update(rt, state, step)
+        state, critic_device, critic_counts = timing.ready(
+            self._critic_update(rt, state, step))
     with timer('actor_updates'):
-      state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
-    if self.use_critic and 'update_norm' in critic_metrics:
-      self.controller.critic_lr.observe(critic_metrics['update_norm'], m1.get('update_norm', 0.0),
-                                        m2.get('update_norm', 0.0),
-                                        finite=critic_metrics['skipped'] == 0.0)
+      state, m2 = timing.ready(rows_lib.train_actor(rt, state, rollouts, eps_high, 1))
+    host = base.host_metrics({'actor1': m1, 'critic': critic_device, 'actor2': m2})
+    critic = {**host['critic'], **critic_counts}
+    if self.use_critic and 'update_norm' in critic:
+      self.controller.observe_update_norms(
+          critic['update_norm'], host['actor1'].get('update_norm', 0.0),
+          host['actor2'].get('update_norm', 0.0), finite=critic['skipped'] == 0.0)
+    return state, {'entropy': entropy, 'eps_high': eps_high, 'actor1': host['actor1'],
+                   'actor2': host['actor2'], 'critic': critic}
 
-    trained = [r for r in rows if r.weight > 0]
-    groups = {}
-    for i, r in enumerate(owner):
-      if requests[r].kind != RequestKind.REFILL:
-        groups.setdefault(r, []).append(actor_value[i])
-    refills = [i for i in range(len(rows)) if requests[owner[i]].kind == RequestKind.REFILL]
-    metrics = {
-        **{k: v for k, v in outcome.stats.as_dict().items()
-           if self.use_critic or 'critic' not in k},
-        'entropy': entropy, 'eps_high': eps_high,
-        'reward/judged_mean': _mean([grades[i].reward for i in judged]),
-        'replay/zero_variance_groups': adv_lib.zero_variance_share(list(groups.values())),
-        'reward/refill_mean': _mean([grades[i].reward for i in refills if i in grades]),
-        'judge_failures': sum(not g.valid for g in grades.values()),
-        'routed_to_critic': len(endpoint_rows),
-        'critic_reads_invalid': sum(v is None for v in values),
-        'adv/mean': _mean([r.advantage for r in trained]),
-        'adv/abs_mean': _mean([abs(r.advantage) for r in trained]),
-        'rows_trained': len(trained),
-        'tokens_generated': int(sum(len(r.new_N) for r in rows)),
-        'decoding_flops': flops,
-        **{f'actor1/{k}': v for k, v in m1.items()}, **{f'actor2/{k}': v for k, v in m2.items()},
-        **{f'critic/{k}': v for k, v in critic_metrics.items()},
-        **timer.metrics(),
-    }
-    if self.use_critic:
-      metrics['critic_lr'] = self.controller.critic_lr.lr
-    return state, metrics
+  # --- pieces -------------------------------------------------------------------------------------
 
-  def _assign_advantages(self, rows, owner, requests, actor_value, actor_valid, prefix_value):
-    """A_i = v_i - mean_j v_j per group (invalid reads: weight 0, filled); group-1 singles v - V(s)."""
-    by_request = {}
-    for i, r in enumerate(owner):
-      by_request.setdefault(r, []).append(i)
-    for r, members in by_request.items():
-      req = requests[r]
-      if req.kind == RequestKind.REFILL:
-        continue  # refills fill the replay buffer and are never trained on
-      if req.num_continuations == 1 and req.kind == RequestKind.READY_CHUNK:
-        baseline = prefix_value.get(r)
-        a, w, _, _ = adv_lib.ac2_single_advantages(
-            actor_value[members], actor_valid[members],
-            np.array([0.0 if baseline is None else baseline]), np.array([baseline is not None]))
-      else:
-        a, w, _ = adv_lib.ac2_chunk_advantages(actor_value[members][None],
-                                               actor_valid[members][None])
-        a, w = a[0], w[0]
-      for k, i in enumerate(members):
-        rows[i].advantage = float(a[k])
-        rows[i].weight = float(w[k])
+  def _reference(self, problem_id) -> str | None:
+    return None if self.settings.no_reference else self.controller.reference(problem_id)
+
+  def _continuation(self, rt: Runtime, row: ChunkRow) -> ctl.Continuation:
+    tokens = row.rollout.new_N
+    if row.to_critic:
+      return ctl.Continuation(row.critic_value, ValueSource.CRITIC, tokens_N=tokens)
+    g = row.grade
+    complete = rt.task.has_complete_answer(row.text)
+    passing = g.valid and g.points >= self.settings.pass_points and complete
+    return ctl.Continuation(g.reward if g.valid else None, ValueSource.JUDGE,
+                            points=g.points if g.valid else None, complete_answer=complete,
+                            tokens_N=tokens,
+                            reference=rt.task.reference_from_response(row.text)
+                            if passing else None)
 
   def _critic_update(self, rt: Runtime, state, step: int):
-    limit = rt.max_total_len
+    """The critic update on this step's records; each critic prompt is built once."""
+    contexts = {}
 
     def fits(record) -> bool:
       context = rt.critic_context(rt.prompt_ids_by_id[record.problem_id], record.prefix_tokens_P,
                                   record.reference)
-      return len(context) + sampling.MAX_VALUE_TOKENS <= limit
+      contexts[id(record)] = context
+      return context is not None
 
     batch = self.controller.critic_batch(step, fits)
-    device_batch = rollouts.critic_records_batch(rt, batch.records)
+    counts = {'pairs': batch.num_pairs, 'skipped_context': batch.num_skipped}
+    device_batch = rows_lib.critic_records_batch(
+        rt, [contexts[id(r)] for r in batch.records], batch.records)
     if device_batch is None:
-      return state, {'pairs': 0, 'skipped_context': batch.num_skipped}
-    state, metrics = rt.critic_step(state, device_batch, np.float32(self.controller.critic_lr.lr))
-    return state, {**{k: float(v) for k, v in metrics.items()}, 'pairs': batch.num_pairs,
-                   'skipped_context': batch.num_skipped}
+      return state, {}, counts
+    state, metrics = rt.critic_step(state, device_batch, np.float32(self.controller.critic_lr))
+    return state, metrics, counts
+
+  def metrics(self, data: StepData, outcome: ctl.StepOutcome, updates: dict) -> dict:
+    judged = [r for r in data.rows if not r.to_critic]
+    trained = [r.rollout for r in data.rows if r.rollout.weight > 0]
+    out = {
+        **{k: v for k, v in outcome.stats.as_dict().items()
+           if self.use_critic or 'critic' not in k},
+        'entropy': updates['entropy'], 'eps_high': updates['eps_high'],
+        'reward/judged_mean': _mean([r.grade.reward for r in judged]),
+        'replay/zero_variance_groups': adv_lib.zero_variance_share(self._replay_groups(data)),
+        'reward/refill_mean': _mean([r.grade.reward for r in data.rows_of(RequestKind.REFILL)
+                                     if not r.to_critic]),
+        'judge_failures': sum(not r.grade.valid for r in judged),
+        'routed_to_critic': len(data.rows) - len(judged),
+        'rows_generated': len(data.rows),
+        'critic_reads_invalid': sum(v is None for v in data.reads),
+        'adv/mean': _mean([r.advantage for r in trained]),
+        'adv/abs_mean': _mean([abs(r.advantage) for r in trained]),
+        'rows_trained': len(trained),
+        'tokens_generated': int(sum(len(r.rollout.new_N) for r in data.rows)),
+        'decoding_flops': data.decoding_flops,
+        **{f'actor1/{k}': v for k, v in updates['actor1'].items()},
+        **{f'actor2/{k}': v for k, v in updates['actor2'].items()},
+        **{f'critic/{k}': v for k, v in updates['critic'].items()},
+    }
+    if self.use_critic:
+      out['critic_lr'] = self.controller.critic_lr
+    return out
+
+
+  def _replay_groups(self, data: StepData) -> list[list[float]]:
+    """The endpoint values of each replayed group (refills are no groups)."""
+    groups: dict[int, list[float]] = {}
+    for row in data.rows:
+      if row.request.kind != RequestKind.REFILL:
+        groups.setdefault(row.request_index, []).append(row.actor_value)
+    return list(groups.values())
 
 
 def _mean(xs) -> float | None:

@@ -7,13 +7,14 @@ import dataclasses
 import jax
 import numpy as np
 
-from ac2_jax.algorithms import rollouts
+from ac2_jax.algorithms import base
 from ac2_jax.algorithms import timing
 from ac2_jax.controller import rng as rng_lib
 from ac2_jax.controller.schedules import EntropyController
 from ac2_jax.controller.settings import ControllerSettings
+from ac2_jax.learner import rows as rows_lib
+from ac2_jax.learner.runtime import Runtime
 from ac2_jax.rl import advantages as adv_lib
-from ac2_jax.train.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class GRPOSettings:
         raise ValueError(f'GRPOSettings: {name} must be >= 1, got {getattr(self, name)}')
 
 
-class GRPO:
+class GRPO(base.Algorithm):
 
   def __init__(self, rt: Runtime, settings: GRPOSettings, entropy: ControllerSettings, seed: int):
     if settings.problems_per_step > len(rt.train_records):
@@ -50,13 +51,13 @@ class GRPO:
     rng = rng_lib.generator(self.seed, 'grpo_problems', step)
     problems = rng.choice(len(rt.train_records), size=s.problems_per_step, replace=False)
     pidx = np.repeat(problems, s.group_size)
-    contexts = [rt.train_prompts[p] for p in pidx]
+    n = len(pidx)
     timer = timing.PhaseTimer()
     with timer('generate'):
-      rows, flops = rollouts.generate_rows(rt, state.params, contexts, [0] * len(pidx), pidx,
-                                           [s.response_budget] * len(pidx),
-                                           [s.response_budget] * len(pidx), key, rt.train_sampling)
-    texts = rollouts.response_texts(rt, rows)
+      rows, flops = rows_lib.generate_rows(rt, state.params, [rt.train_prompts[p] for p in pidx],
+                                           [0] * n, pidx, [s.response_budget] * n,
+                                           [s.response_budget] * n, key, rt.train_sampling)
+    texts = rows_lib.response_texts(rt, rows)
     with timer('judge'):
       grades = rt.task.score_batch([rt.train_records[p] for p in pidx], texts)
     rewards_NxG = np.array([g.reward for g in grades], np.float32).reshape(-1, s.group_size)
@@ -67,8 +68,9 @@ class GRPO:
     entropy = float(np.mean(np.concatenate([r.entropies_N for r in rows])))
     eps_high = self.entropy.update(entropy)
     with timer('actor_updates'):
-      state, m1 = rollouts.train_actor(rt, state, rows, eps_high, 0)
-      state, m2 = rollouts.train_actor(rt, state, rows, eps_high, 1)
+      state, m1 = timing.ready(rows_lib.train_actor(rt, state, rows, eps_high, 0))
+      state, m2 = timing.ready(rows_lib.train_actor(rt, state, rows, eps_high, 1))
+    host = base.host_metrics({'actor1': m1, 'actor2': m2})
     metrics = {
         'entropy': entropy, 'eps_high': eps_high,
         'reward/judged_mean': float(rewards_NxG.mean()),
@@ -78,7 +80,7 @@ class GRPO:
         'rows_trained': len(rows),
         'tokens_generated': int(sum(len(r.new_N) for r in rows)),
         'decoding_flops': flops,
-        **{f'actor1/{k}': v for k, v in m1.items()}, **{f'actor2/{k}': v for k, v in m2.items()},
+        **{f'{part}/{k}': v for part in ('actor1', 'actor2') for k, v in host[part].items()},
         **timer.metrics(),
     }
     return state, metrics

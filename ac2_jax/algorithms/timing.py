@@ -5,14 +5,16 @@
       rows = ...
     metrics.update(timer.metrics())   # {'time/generate': seconds, ...}
 
-A phase that ends in a device call is timed up to the host's read of its result, so the times add
-up to the step's wall time only where each phase reads what it computed.
+JAX dispatches device work asynchronously: a phase that ends in a device call is timed through
+`ready(...)`, which waits for its outputs, so its time is its own and not the next phase's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+
+import jax
 
 
 class PhaseTimer:
@@ -30,3 +32,8 @@ class PhaseTimer:
 
   def metrics(self) -> dict[str, float]:
     return {f'time/{k}': v for k, v in self._seconds.items()}
+
+
+def ready(outputs):
+  """`outputs` once every array in it is computed (for timing device work)."""
+  return jax.block_until_ready(outputs)

@@ -252,31 +252,33 @@ def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, cons
   return critic_fig, lookup_fig
 
 
-def pairs_batch(rt, pairs):
-  """A critic batch of (context ids, value target ids) pairs at weight 1."""
-  from ac2_jax.algorithms import rollouts
-  from ac2_jax.sampling import requests as requests_lib
-  from ac2_jax.train import updates
-  T = requests_lib.bucket(max(len(c) + len(t) for c, t in pairs))
-  B = rollouts._bucket_rows(len(pairs), rt.batch_multiple)
-  tokens = np.zeros((B, T), np.int32)
-  mask = np.zeros((B, T), np.float32)
-  weights = np.zeros((B,), np.float32)
-  for b, (c, t) in enumerate(pairs):
-    tokens[b, :len(c)] = c
-    tokens[b, len(c):len(c) + len(t)] = t
-    mask[b, len(c):len(c) + len(t)] = 1.0
-    weights[b] = 1.0
-  return rt.put_batch(updates.CriticBatch(tokens, mask, weights))
+def _batch(rt, records_batch, records: Sequence[_Record], contexts=None):
+  """A critic batch of records; `contexts` when their critic prompts are built already."""
+  if contexts is None:
+    contexts = [rt.critic_context(rt.prompt_ids_by_id[r.problem_id], r.prefix_tokens_P,
+                                  r.reference) for r in records]
+  keep = [i for i, c in enumerate(contexts) if c is not None]
+  return records_batch(rt, [contexts[i] for i in keep], [records[i] for i in keep])
+
+
+def _corpus_batch(rt, records_batch, corpus, n: int):
+  """A critic batch of n (context ids, value target ids) pairs from the warm-up corpus."""
+  contexts, records = [], []
+  for _ in range(n):
+    context, target = next(corpus)
+    value = critic_lib.parse_value(rt.tokenizer.decode(target[:-1].tolist()))
+    contexts.append(context)
+    records.append(_Record('', context[:0], None, value, 1.0))
+  return _batch(rt, records_batch, records, contexts)
 
 
 def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[ProbePrefix],
                        settings: ProbeSettings, *, learning_rate: float, tau_local: float, read,
-                       records_batch, log=print, corpus=None) -> list[dict]:
+                       records_batch, log=print, corpus=None, on_report=None) -> list[dict]:
   """Trains the critic alone on `train` and evaluates on `held` every `eval_every` pairs.
 
   With `corpus` (an iterator of (context, target) ids), the first `corpus_pairs` pairs come from
-  it instead.
+  it instead. `on_report(curve)` runs after every evaluation (to save the curve as it grows).
   """
   lookup = Lookup(train)
   constant = lookup.mean
@@ -288,6 +290,8 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
     c, l = evaluate(rt, state.params, held, read, lookup, constant, tau_local)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
     curve.append(entry)
+    if on_report is not None:
+      on_report(curve)
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {c["mae"]:.3f} '
         f'(constant {c["mae_constant"]:.3f}, lookup {l["mae"]:.3f})  '
         f'under tau_local {c["under_tau_local"]:.2f} (constant '
@@ -302,11 +306,11 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   while done < total:
     if corpus is not None and done < settings.corpus_pairs:
       n = settings.pairs_per_update
-      batch = pairs_batch(rt, [next(corpus) for _ in range(n)])
+      batch = _corpus_batch(rt, records_batch, corpus, n)
     else:
       take = rng.choice(len(records), min(settings.pairs_per_update, len(records)), replace=False)
       n = len(take)
-      batch = records_batch(rt, [records[i] for i in take])
+      batch = _batch(rt, records_batch, [records[i] for i in take])
     state, _ = rt.critic_step(state, batch, lr)
     done += n
     if done // settings.eval_every != (done - n) // settings.eval_every:
@@ -349,7 +353,7 @@ def main(argv: Sequence[str]) -> None:
   args = parser.parse_args(argv)
   from absl import flags
   from ml_collections import config_flags
-  from ac2_jax.algorithms import rollouts
+  from ac2_jax.learner import rows as rollouts
   from ac2_jax.train import experiment
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, 'config file', flag_values=flag_values,
@@ -382,13 +386,15 @@ def main(argv: Sequence[str]) -> None:
     corpus = builtin_sft.critic_examples(rt.task, rt.tokenizer,
                                          step_mistake_rate=settings.corpus_mistake_rate,
                                          seed=settings.seed + 3)
-  curve = train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
-                             tau_local=ctl_settings.tau_local,
-                             read=rollouts.critic_reader(config.critic.readout),
-                             records_batch=rollouts.critic_records_batch, corpus=corpus)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-      json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
-                 'overrides': args.set, 'curve': curve}, f, indent=1)
+  def save(curve):
+    if args.out:
+      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+      with open(args.out, 'w') as f:
+        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
+                   'overrides': args.set, 'curve': curve}, f, indent=1)
+
+  train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
+                     tau_local=ctl_settings.tau_local,
+                     read=rollouts.critic_reader(config.critic.readout),
+                     records_batch=rollouts.critic_records_batch, corpus=corpus, on_report=save)
   sys.stdout.flush()

@@ -1,18 +1,14 @@
 """The AC2 controller: plans each step's generation requests and observes their scored results.
 
-Order of one trainer step (the controller's calls in capitals):
-  1. plan = PLAN(step): refills and replay slots (cold start / unready / ready chunk / audit).
-  2. Generate every request; score each continuation (critic or judge); read the critic's V(s) at
-     each request in plan.prefix_value_requests; all with the weights from before the update.
-  3. outcome = OBSERVE(step, results): readiness errors and flips, replay buffer, bank, critic
-     buffer.
-  4. eps_high = controller.entropy.update(H), H over the rows with an empty prefix.
-  5. Advantages in JAX (rl/) on the whole batch; actor minibatch 1.
-  6. batch = CRITIC_BATCH(step, context_limit); critic update (this step's pairs and references
-     are eligible).
-  7. Actor minibatch 2; controller.critic_lr.observe(|dV|, |dPPO1|, |dPPO2|, finite).
-  8. Checkpoint: controller.state_dict() (JSON data) beside the parameters.
-observe() comes before the critic update so that this step's pairs and new references are eligible.
+The trainer's side of one step is `ac2_jax/algorithms/ac2.py` (its stages plan, generate, route,
+score, observe, advantages, update); this class is called by three of them:
+  plan      PLAN(step): refills and replay slots (cold start / unready / ready chunk / audit).
+  observe   OBSERVE(step, results): readiness errors and flips, replay buffer, bank, critic buffer;
+            before the critic update, so that this step's pairs and new references are eligible.
+  update    UPDATE_ENTROPY(H) gives eps_high for the actor minibatches; CRITIC_BATCH(step, fits)
+            the critic update's records; OBSERVE_UPDATE_NORMS(|dV|, |dPPO1|, |dPPO2|, finite)
+            runs the critic learning-rate rule; `critic_lr` is the rate of the next critic update.
+The checkpoint saves state_dict() (JSON data) beside the parameters.
 
 Every draw uses rng.generator(seed, purpose, step): plan(step) is a pure function of the state after
 the previous observe, so a restored controller plans exactly what the uninterrupted one would have.
@@ -64,8 +60,8 @@ class Controller:
     self.critic_buffer = CriticBuffer(settings.critic_buffer_capacity)
     self.bank = ReferenceBank(len(self.problem_ids))
     self.readiness = Readiness(len(self.problem_ids), settings)
-    self.critic_lr = CriticLRController(settings)
-    self.entropy = EntropyController(settings)
+    self.critic_lr_schedule = CriticLRController(settings)
+    self.entropy_schedule = EntropyController(settings)
     self.last_step: int | None = None
     self._stale_collection_step: int | None = None
     self._next_trajectory_id = 0
@@ -110,15 +106,21 @@ class Controller:
     num_refills = s.refills_per_collection if self._collects_refills(step) else 0
     all_problems = np.arange(len(self.problem_ids))
     for p in sampling.cycle_draw(self._generator('refill', step), all_problems, num_refills):
-      requests.append(GenerationRequest(RequestKind.REFILL, self.problem_ids[p], -1, -1, _EMPTY,
-                                        0, 1, budget, budget, False, False))
+      requests.append(GenerationRequest(
+          kind=RequestKind.REFILL, problem_id=self.problem_ids[p], slot=-1,
+          source_trajectory_id=-1, prefix_tokens_P=_EMPTY, cut=0, num_continuations=1,
+          max_new_tokens=budget, remaining_budget=budget, critic_may_score=False,
+          needs_prefix_value=False))
 
     num_ready_slots = 0
     if len(self.replay) == 0:
       cold = sampling.cycle_draw(self._generator('cold_start', step), all_problems, s.n_batch)
       for slot, p in enumerate(cold):
-        requests.append(GenerationRequest(RequestKind.COLD_START, self.problem_ids[p], slot, -1,
-                                          _EMPTY, 0, s.group_size, budget, budget, False, True))
+        requests.append(GenerationRequest(
+            kind=RequestKind.COLD_START, problem_id=self.problem_ids[p], slot=slot,
+            source_trajectory_id=-1, prefix_tokens_P=_EMPTY, cut=0,
+            num_continuations=s.group_size, max_new_tokens=budget, remaining_budget=budget,
+            critic_may_score=False, needs_prefix_value=True))
     else:
       groups = self.replay.by_problem()
       slot_problems = sampling.cycle_draw(self._generator('replay_problems', step),
@@ -157,9 +159,11 @@ class Controller:
     remaining = self.settings.response_budget - cut
     chunk = kind == RequestKind.READY_CHUNK
     max_new = min(self.settings.chunk_size, remaining) if chunk else remaining
-    return GenerationRequest(kind, self.problem_ids[trajectory.problem], slot,
-                             trajectory.trajectory_id, trajectory.tokens_L[:cut], cut,
-                             num_continuations, max_new, remaining, chunk, True)
+    return GenerationRequest(
+        kind=kind, problem_id=self.problem_ids[trajectory.problem], slot=slot,
+        source_trajectory_id=trajectory.trajectory_id, prefix_tokens_P=trajectory.tokens_L[:cut],
+        cut=cut, num_continuations=num_continuations, max_new_tokens=max_new,
+        remaining_budget=remaining, critic_may_score=chunk, needs_prefix_value=True)
 
   # --- observe ------------------------------------------------------------------------------------
 
@@ -207,7 +211,7 @@ class Controller:
       if single and prediction is None:
         dropped += 1
       values = [c.value for c in result.continuations]
-      target = group_target(values, 1 if single else s.min_valid_per_target, s.grid_points)
+      target = group_target(values, 1 if single else s.min_valid_per_target)
       if target is None:
         continue
       targets_R[i] = target
@@ -267,6 +271,22 @@ class Controller:
   def _passes(self, c: Continuation) -> bool:
     return passes(c, self.settings)
 
+  # --- schedules ----------------------------------------------------------------------------------
+
+  def update_entropy(self, entropy: float | None) -> float:
+    """Adaptive entropy control from this step's H (None: no empty-prefix token); eps_high."""
+    return self.entropy_schedule.update(entropy)
+
+  @property
+  def critic_lr(self) -> float:
+    """The learning rate of the next critic update."""
+    return self.critic_lr_schedule.lr
+
+  def observe_update_norms(self, critic_norm: float, actor_norm_1: float, actor_norm_2: float,
+                           finite: bool = True) -> float:
+    """The critic learning-rate rule on one step's update norms; returns the next rate."""
+    return self.critic_lr_schedule.observe(critic_norm, actor_norm_1, actor_norm_2, finite=finite)
+
   # --- critic -------------------------------------------------------------------------------------
 
   def critic_batch(self, step: int, context_limit: ContextLimit = None) -> CriticBatch:
@@ -324,8 +344,8 @@ class Controller:
             'nonzero_prediction': state_lib.pack_array(readiness['nonzero_prediction']),
             'window': [state_lib.pack_array(w) for w in readiness['window']],
         },
-        'critic_lr': self.critic_lr.state_dict(),
-        'entropy': self.entropy.state_dict(),
+        'critic_lr': self.critic_lr_schedule.state_dict(),
+        'entropy': self.entropy_schedule.state_dict(),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -355,8 +375,8 @@ class Controller:
         'nonzero_prediction': state_lib.unpack_array(r['nonzero_prediction']),
         'window': [state_lib.unpack_array(w) for w in r['window']],
     })
-    self.critic_lr.load_state_dict(state['critic_lr'])
-    self.entropy.load_state_dict(state['entropy'])
+    self.critic_lr_schedule.load_state_dict(state['critic_lr'])
+    self.entropy_schedule.load_state_dict(state['entropy'])
     self.last_step = state['last_step']
     self._stale_collection_step = state['stale_collection_step']
     self._next_trajectory_id = int(state['next_trajectory_id'])

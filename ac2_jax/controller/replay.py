@@ -20,7 +20,7 @@ class Trajectory:
   trajectory_id: int
   problem: int
   tokens_L: np.ndarray          # int32, read-only
-  points: int | None            # judge points, None when not graded
+  points: float | None          # judge points, None when not graded
   passed: bool                  # points >= pass_points with a complete answer
   reference: Any                # the solution shown to the critic when passed, else None
   step: int                     # step whose refill produced it

@@ -40,8 +40,7 @@ class ControllerSettings:
   chunk_size: int = 10_000          # b: new tokens of a ready chunk
   cut_grid: int = 10_000            # cut positions are multiples of this
   max_cut_fraction: float = 0.9     # cut <= max_cut_fraction * L (and <= L - 1)
-  # Critic targets and buffer (items 5, 9).
-  value_grid_step: float = 0.1      # targets live on {0, step, ..., 1}
+  # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).
   critic_buffer_capacity: int = 1_920
   critic_pairs_per_update: int = 768
   min_valid_per_target: int = 8
@@ -94,11 +93,6 @@ class ControllerSettings:
          f'chunk_size ({self.chunk_size}) exceeds response_budget ({self.response_budget})')
     need(0.0 <= self.max_cut_fraction < 1.0,
          f'max_cut_fraction must lie in [0, 1), got {self.max_cut_fraction}')
-    need(0.0 < self.value_grid_step <= 1.0,
-         f'value_grid_step must lie in (0, 1], got {self.value_grid_step}')
-    steps = 1.0 / self.value_grid_step
-    need(abs(steps - round(steps)) < 1e-9,
-         f'1 / value_grid_step must be an integer, got 1 / {self.value_grid_step} = {steps}')
     need(self.min_valid_per_target <= self.group_size,
          f'min_valid_per_target ({self.min_valid_per_target}) exceeds '
          f'group_size ({self.group_size})')
@@ -124,11 +118,6 @@ class ControllerSettings:
   @property
   def effective_audit_fraction(self) -> float:
     return 0.0 if self.no_audit else self.audit_fraction
-
-  @property
-  def grid_points(self) -> int:
-    """Number of grid intervals: the value grid is {0, 1, ..., grid_points} * value_grid_step."""
-    return int(round(1.0 / self.value_grid_step))
 
   @property
   def refills_per_collection(self) -> int:

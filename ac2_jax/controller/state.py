@@ -90,7 +90,8 @@ def pack_trajectories(trajectories: Sequence[Trajectory], kept_lengths: dict[int
   return {
       'ids': pack_array(np.array([t.trajectory_id for t in ts], np.int64)),
       'problems': pack_array(np.array([t.problem for t in ts], np.int64)),
-      'points': pack_array(np.array([-1 if t.points is None else t.points for t in ts], np.int64)),
+      'points': pack_array(np.array([-1 if t.points is None else t.points for t in ts],
+                                    np.float64)),
       'passed': pack_array(np.array([t.passed for t in ts], bool)),
       'steps': pack_array(np.array([t.step for t in ts], np.int64)),
       'tokens': pack_ragged([t.tokens_L[:kept_lengths[t.trajectory_id]] for t in ts], np.int32),

@@ -102,7 +102,7 @@ class Continuation:
 
   value: float | None
   source: ValueSource
-  points: int | None = None
+  points: float | None = None
   complete_answer: bool = False
   tokens_N: np.ndarray | None = None
   reference: Any = None
@@ -200,8 +200,9 @@ def check_result(i: int, request: GenerationRequest, result: RequestResult,
     elif c.points is not None:
       if c.source == ValueSource.CRITIC:
         bad = f'a critic-scored continuation carries judge points ({c.points})'
-      elif not (isinstance(c.points, (int, np.integer)) and 0 <= c.points <= settings.max_points):
-        bad = f'points must be None or an integer in [0, {settings.max_points}], got {c.points!r}'
+      elif not (isinstance(c.points, _NUMBER) and 0 <= c.points <= settings.max_points):
+        # A judge gives integers; the built-in task's local scoring gives fractions.
+        bad = f'points must be None or a number in [0, {settings.max_points}], got {c.points!r}'
       elif c.reference is None and passes(c, settings):
         bad = f'passed ({c.points} points with a complete answer) but carries no reference solution'
     if bad is None and refill and c.tokens_N is None:

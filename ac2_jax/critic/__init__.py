@@ -1,10 +1,11 @@
 """ac2_jax.critic: the critic prompt at token level, the value grid, parsing the critic's reply."""
 
 from ac2_jax.critic.prompt import (CriticInstructions, PROOF_INSTRUCTIONS, critic_context_ids,
-                                   prompt_variants, value_target_ids)
-from ac2_jax.critic.values import GRID, format_value, parse_value, round_to_grid, round_to_grid_jnp
+                                   value_target_ids)
+from ac2_jax.critic.values import (GRID, format_value, parse_value, round_to_grid,
+                                   round_to_grid_array)
 
 __all__ = [
     'CriticInstructions', 'GRID', 'PROOF_INSTRUCTIONS', 'critic_context_ids', 'format_value',
-    'parse_value', 'prompt_variants', 'round_to_grid', 'round_to_grid_jnp', 'value_target_ids',
+    'parse_value', 'round_to_grid', 'round_to_grid_array', 'value_target_ids',
 ]

@@ -91,14 +91,3 @@ def critic_context_ids(tok: tokenization.Tokenizer, prompt_ids: Sequence[int],
 def value_target_ids(tok: tokenization.Tokenizer, value: float) -> list[int]:
   """The critic's training target after the prefill: the formatted grid value, then `<|im_end|>`."""
   return tok.encode(values.format_value(value)) + [tok.eos_id]
-
-
-def prompt_variants(reference: str | None) -> list[tuple[str | None, float]]:
-  """(reference or None, record weight w) for each prompt a prefix-target pair is trained under.
-
-  With a reference the pair is trained under both prompts at w = 1/2 each, without one under the
-  plain prompt at w = 1 (AC2 step 9).
-  """
-  if reference is None:
-    return [(None, 1.0)]
-  return [(reference, 0.5), (None, 0.5)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-import jax.numpy as jnp
+import numpy as np
 
 GRID_STEPS = 10
 GRID = tuple(i / GRID_STEPS for i in range(GRID_STEPS + 1))
@@ -23,24 +23,23 @@ _RUNS_ON = re.compile(r'\d|\.\d')
 
 # Group means of g values on a 1/10 or 1/7 lattice sit at least 1/(7 g) grid steps from a tie unless
 # they are exactly on it, so this tolerance only absorbs floating-point error (0.15000000000000002
-# is a tie).
-_TIE_TOLERANCE = 1e-5
+# is a tie), in float64 and in float32 alike.
+TIE_TOLERANCE = 1e-5
+
+
+def round_to_grid_array(x_N, xp=np):
+  """Nearest value of `GRID` to each `x` (clamped to [0, 1]); an exact tie rounds down (0.25 ->
+  0.2). `xp` is the array module: numpy, or jax.numpy in jitted code (then float32 in, out)."""
+  steps = xp.ceil(x_N * GRID_STEPS - 0.5 - TIE_TOLERANCE)
+  return xp.clip(steps, 0, GRID_STEPS) / GRID_STEPS
 
 
 def round_to_grid(x: float) -> float:
-  """Nearest value of `GRID` to `x` (clamped to [0, 1]); an exact tie rounds down (0.25 -> 0.2)."""
+  """`round_to_grid_array` of one finite number, as a Python float."""
   x = float(x)
   if not math.isfinite(x):
     raise ValueError(f'round_to_grid: value must be finite, got {x!r}')
-  steps = math.ceil(x * GRID_STEPS - 0.5 - _TIE_TOLERANCE)
-  return min(max(steps, 0), GRID_STEPS) / GRID_STEPS
-
-
-def round_to_grid_jnp(x_N: jnp.ndarray) -> jnp.ndarray:
-  """`round_to_grid` elementwise on an array, for jitted code (float32 result)."""
-  x_N = jnp.asarray(x_N, jnp.float32)
-  steps = jnp.ceil(x_N * GRID_STEPS - 0.5 - _TIE_TOLERANCE)
-  return jnp.clip(steps, 0, GRID_STEPS) / GRID_STEPS
+  return float(round_to_grid_array(np.float64(x)))
 
 
 def is_on_grid(x: float) -> bool:

@@ -99,7 +99,7 @@ def ac2_critic_targets(values_NxG, target_valid_NxG, *, min_valid: int = 8):
   v = jnp.where(valid > 0, jnp.asarray(values_NxG, jnp.float32), 0.0)
   count_N = valid.sum(-1)
   has_target_N = count_N >= max(min_valid, 1)
-  targets_N = critic_values.round_to_grid_jnp(group_mean(v, valid))
+  targets_N = critic_values.round_to_grid_array(group_mean(v, valid), jnp)
   return jnp.where(has_target_N, targets_N, 0.0), has_target_N
 
 
@@ -113,7 +113,8 @@ def ac2_single_advantages(values_N, valid_N, baselines_N, baseline_valid_N):
   keep_N = jnp.asarray(valid_N, bool) & jnp.asarray(baseline_valid_N, bool)
   v_N = jnp.asarray(values_N, jnp.float32)
   adv_N = jnp.where(keep_N, v_N - jnp.asarray(baselines_N, jnp.float32), 0.0)
-  targets_N = jnp.where(keep_N, critic_values.round_to_grid_jnp(jnp.where(keep_N, v_N, 0.0)), 0.0)
+  targets_N = jnp.where(keep_N, critic_values.round_to_grid_array(
+      jnp.where(keep_N, v_N, 0.0), jnp), 0.0)
   return adv_N, keep_N.astype(jnp.float32), targets_N, keep_N
 
 

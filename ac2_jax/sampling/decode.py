@@ -15,6 +15,7 @@ the tiny preset decodes 2x faster, the small one 10-20%).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -35,6 +36,18 @@ _TRACES = {'decode_batch': 0}
 def trace_count() -> int:
   """How many distinct shapes/settings `decode_batch` has been compiled for in this process."""
   return _TRACES['decode_batch']
+
+
+class DecodeCarry(NamedTuple):
+  """The state of the decode loop between steps."""
+  step: jax.Array            # decode steps taken (the prefill drew token 0)
+  cache: dict                # {'k', 'v'}: one [B, S, K, D] array per layer
+  token_B: jax.Array         # each row's last drawn token
+  tokens_BxC: jax.Array
+  logprobs_BxC: jax.Array
+  entropies_BxC: jax.Array
+  num_new_B: jax.Array
+  done_B: jax.Array
 
 
 def last_hidden(hidden_BxTxE: jax.Array, lengths_B: jax.Array) -> jax.Array:
@@ -108,29 +121,28 @@ def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B
   num_new_B = jnp.ones((B,), jnp.int32)
   done_B = is_stop(token_B) | (caps_B <= 1)
 
-  def cond(carry):
-    step, done_B = carry[0], carry[-1]
-    return (step < C) & ~jnp.all(done_B)
+  def cond(carry: DecodeCarry):
+    return (carry.step < C) & ~jnp.all(carry.done_B)
 
-  def body(carry):
-    step, cache, token_B, tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B, done_B = carry
+  def body(c: DecodeCarry) -> DecodeCarry:
     # The last drawn token enters the cache at the slot after the row's previous tokens.
-    positions_B = context_lengths_B + num_new_B - 1
-    logits_Bx1xV, cache = qwen3.forward(config, params, token_B[:, None], cache=cache,
+    positions_B = context_lengths_B + c.num_new_B - 1
+    logits_Bx1xV, cache = qwen3.forward(config, params, c.token_B[:, None], cache=c.cache,
                                         cache_lengths_B=positions_B)
-    new_B, logprob_B, entropy_B = choose(logits_Bx1xV[:, 0], num_new_B)
-    active_B = ~done_B
-    write_BxC = active_B[:, None] & (jnp.arange(C)[None, :] == num_new_B[:, None])
-    tokens_BxC = jnp.where(write_BxC, new_B[:, None], tokens_BxC)
-    logprobs_BxC = jnp.where(write_BxC, logprob_B[:, None], logprobs_BxC)
-    entropies_BxC = jnp.where(write_BxC, entropy_B[:, None], entropies_BxC)
-    token_B = jnp.where(active_B, new_B, token_B)
-    num_new_B = num_new_B + active_B.astype(jnp.int32)
-    done_B = done_B | (active_B & (is_stop(new_B) | (num_new_B >= caps_B)))
-    return step + 1, cache, token_B, tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B, done_B
+    new_B, logprob_B, entropy_B = choose(logits_Bx1xV[:, 0], c.num_new_B)
+    active_B = ~c.done_B
+    write_BxC = active_B[:, None] & (jnp.arange(C)[None, :] == c.num_new_B[:, None])
+    num_new_B = c.num_new_B + active_B.astype(jnp.int32)
+    return DecodeCarry(
+        step=c.step + 1, cache=cache, token_B=jnp.where(active_B, new_B, c.token_B),
+        tokens_BxC=jnp.where(write_BxC, new_B[:, None], c.tokens_BxC),
+        logprobs_BxC=jnp.where(write_BxC, logprob_B[:, None], c.logprobs_BxC),
+        entropies_BxC=jnp.where(write_BxC, entropy_B[:, None], c.entropies_BxC),
+        num_new_B=num_new_B,
+        done_B=c.done_B | (active_B & (is_stop(new_B) | (num_new_B >= caps_B))))
 
-  carry = (jnp.int32(1), cache, token_B, tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B,
-           done_B)
-  carry = jax.lax.while_loop(cond, body, carry)
-  _, _, _, tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B, _ = carry
-  return tokens_BxC, logprobs_BxC, entropies_BxC, num_new_B
+  carry = jax.lax.while_loop(cond, body, DecodeCarry(
+      step=jnp.int32(1), cache=cache, token_B=token_B, tokens_BxC=tokens_BxC,
+      logprobs_BxC=logprobs_BxC, entropies_BxC=entropies_BxC, num_new_B=num_new_B,
+      done_B=done_B))
+  return carry.tokens_BxC, carry.logprobs_BxC, carry.entropies_BxC, carry.num_new_B

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 import numpy as np
 
 from ac2_jax import sharding
@@ -24,7 +24,6 @@ from ac2_jax.sampling import decode
 from ac2_jax.sampling import requests
 from ac2_jax.sampling.requests import SampleOutput
 from ac2_jax.sampling.settings import SamplingSettings
-
 
 
 def check_mesh(mesh: Mesh | None) -> int:
@@ -56,11 +55,7 @@ def check_key(key) -> jax.Array:
 
 def to_device(array_BxN: np.ndarray, mesh: Mesh | None) -> jax.Array | np.ndarray:
   """Places a host array (the same on every process) with its rows over the batch axes."""
-  if mesh is None:
-    return array_BxN
-  spec = P(decode.BATCH_AXES, *([None] * (array_BxN.ndim - 1)))
-  return jax.make_array_from_callback(array_BxN.shape, NamedSharding(mesh, spec),
-                                      lambda index: array_BxN[index])
+  return array_BxN if mesh is None else sharding.put_batch(array_BxN, mesh)
 
 
 def to_host(array: jax.Array) -> np.ndarray:

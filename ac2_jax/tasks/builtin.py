@@ -44,6 +44,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ac2_jax import tokenization
+from ac2_jax.critic import values as critic_values
 from ac2_jax.judges import grading
 from ac2_jax.tasks import base
 
@@ -52,7 +53,7 @@ ANSWER_OPEN = '<answer>'
 ANSWER_CLOSE = '</answer>'
 OPS = '+-*'
 SCORINGS = ('local', 'leading')
-VALUE_GRID = ('0', '0.1', '0.2', '0.3', '0.4', '0.5', '0.6', '0.7', '0.8', '0.9', '1')
+VALUE_GRID = tuple(critic_values.format_value(v) for v in critic_values.GRID)  # '0', '0.1', ..., '1'
 # The critic's answer stem (ALGORITHMS.md AC2 item 8); one token in the built-in tokenizer.
 CRITIC_STEM = 'Q value:'
 # Pieces that are always one token in the built-in tokenizer (the chat specials come on top).

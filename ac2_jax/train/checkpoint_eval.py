@@ -109,7 +109,7 @@ def evaluate_checkpoint(path: str, *, config: ml_collections.ConfigDict | None =
     result.update(step=int(step), decoding_flops_cum=float(saved['host']['flops_cum']))
   scores_PxN, _, _ = sample_scores(rt, state.params, jax.random.key(seed),
                                    num_problems=num_problems, num_responses=num_responses,
-                                   max_new_tokens=c.controller.response_budget)
+                                   max_new_tokens=experiment.run_settings(c).eval_max_new_tokens)
   result.update(summarize(scores_PxN, ks, np.random.default_rng(seed)))
   return result
 

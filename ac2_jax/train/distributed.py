@@ -6,7 +6,7 @@ Every process runs the same program (multi-controller SPMD). Who does what:
                                step and the step's results), the sampler's outputs (gathered to
                                every host), the built-in task's deterministic verifier, batches
                                (every host assembles the whole global batch; each device takes its
-                               rows with `jax.make_array_from_process_local_data`).
+                               rows: `sharding.put_batch`).
   process 0, then broadcast    judge calls that leave the machine (the HTTP judge): one set of
                                requests, and every process receives the same grades, so the
                                controllers cannot drift apart on a non-deterministic judge.
@@ -32,7 +32,6 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ac2_jax import sharding
 
@@ -116,24 +115,3 @@ class MainProcessJudge:
   def close(self) -> None:
     if hasattr(self.judge, 'close'):
       self.judge.close()
-
-
-def put_global_batch(tree: Any, mesh: Mesh) -> Any:
-  """Places a host batch that is the same on every process: the leading dimension over (data,
-  fsdp), each device taking its own rows (scalars replicated)."""
-  batch_devices = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
-
-  def put(path, leaf):
-    array = np.asarray(leaf)
-    if array.ndim == 0:
-      target = NamedSharding(mesh, P())
-    elif array.shape[0] % batch_devices:
-      raise ValueError(f'batch leaf {sharding.path_str(path) or "<root>"}: batch size '
-                       f'{array.shape[0]} is not divisible by data*fsdp = {batch_devices}')
-    else:
-      target = sharding.batch_sharding(mesh)
-    # global_shape == local shape: every process holds the whole array and keeps its part.
-    return jax.make_array_from_process_local_data(target, array, array.shape)
-
-  return jax.tree_util.tree_map_with_path(put, tree)
-

@@ -25,18 +25,17 @@ import dataclasses
 import functools
 import json
 import math
-import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import AbstractMesh, AxisType
 
 from ac2_jax import models, sampling, sharding
 from ac2_jax.sampling import decode
 from ac2_jax.models.config import ModelConfig
-from ac2_jax.train import state as state_lib
-from ac2_jax.train import updates
+from ac2_jax.learner import state as state_lib
+from ac2_jax.learner import updates
+from ac2_jax.train.sizes import RunSizes
 
 GiB = 1024**3
 # The data are not read: prompt lengths are assumed (FineProofs-RL and IMO-ProofBench prompts are
@@ -46,78 +45,26 @@ PROMPT_TOKENS = {'builtin': 128, 'proofs': 2048}
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """The sizes a run works at, read from its config; nothing else in this module reads it."""
+  """What a dry run checks: the model, the mesh and the run's sizes (train/experiment.py makes it
+  from the config; nothing here reads the config)."""
   model: ModelConfig
   model_source: str
   mesh_shape: tuple[int, int, int]   # (data, fsdp, tensor)
-  prompt_tokens: int
-  response_budget: int
-  cut_grid: int
-  max_cut: int
-  critic_context: int
-  rows_per_step: int                 # sampled rows of one training step
-  max_sample_batch: int
-  micro_batch: int                   # actor.micro_batch (0: the whole minibatch at once)
-  logits_chunk: int                  # model.logits_chunk (0: every position at once)
-  update_rows: int                   # rows of one gradient micro-batch, actor or critic
-  critic_reads_per_step: int         # at most (AC2); 0 without a critic
-
-  @property
-  def max_total_len(self) -> int:    # as experiment.build computes it
-    return max(self.prompt_tokens + self.response_budget, self.critic_context)
-
-
-def plan_from_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Plan:
-  """The run's sizes; a -1 mesh axis takes `num_devices` (default: the devices present)."""
-  if c.task.name not in PROMPT_TOKENS:
-    raise ValueError(f'config.task.name must be one of {tuple(PROMPT_TOKENS)}, '
-                     f'got {c.task.name!r}')
-  hf_config = os.path.join(c.model.init_checkpoint, 'config.json')
-  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.dtype,
-                   attention_impl=c.model.attention_impl, remat=c.model.remat)
-  if c.model.init_checkpoint and os.path.isfile(hf_config):
-    with open(hf_config) as f:
-      model = ModelConfig.from_hf_dict(json.load(f), **overrides)
-    source = hf_config
-  else:
-    if c.task.name == 'builtin':
-      overrides['vocab_size'] = c.task.builtin_vocab_size
-    model = models.get_config(c.model.preset, **overrides)
-    source = f'preset {c.model.preset!r}'
-    if c.model.init_checkpoint:
-      source += f' ({hf_config} is not here)'
-  axes = (c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
-  devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count())
-  ctl = c.controller
-  if c.algorithm == 'grpo':
-    rows = c.grpo.problems_per_step * c.grpo.group_size
-  else:
-    rows = ctl.n_refill + ctl.n_batch * ctl.group_size
-  minibatch = -(-rows // c.actor.minibatches)
-  return Plan(
-      model=model, model_source=source, mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
-      prompt_tokens=PROMPT_TOKENS[c.task.name], response_budget=ctl.response_budget,
-      cut_grid=ctl.cut_grid, max_cut=int(ctl.max_cut_fraction * ctl.response_budget),
-      critic_context=c.critic.max_context, rows_per_step=rows,
-      max_sample_batch=c.sampling.max_batch, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk,
-      update_rows=c.actor.micro_batch or max(minibatch, ctl.critic_pairs_per_update),
-      # Chunks routed to the critic plus one prefix value per replayed group.
-      critic_reads_per_step=ctl.n_batch * (ctl.group_size + 1) if c.algorithm == 'ac2' else 0)
+  sizes: RunSizes
 
 
 def sampler_shape(plan: Plan, batch_devices: int) -> tuple[int, int, int]:
   """(rows, context P, new tokens C) of the largest sampler call, padded as requests.pack pads."""
-  total = plan.max_total_len
+  total = plan.sizes.max_total_len
   lengths = []
-  for cut in range(0, plan.max_cut + 1, max(plan.cut_grid, 1)):
-    context = plan.prompt_tokens + cut
+  for cut in range(0, plan.sizes.max_cut + 1, max(plan.sizes.cut_grid, 1)):
+    context = plan.sizes.prompt_tokens + cut
     lengths.append((sampling.bucket(context),
-                    sampling.bucket(min(plan.response_budget - cut, total - context))))
-  critic = min(plan.critic_context, total - sampling.MAX_VALUE_TOKENS)
+                    sampling.bucket(min(plan.sizes.response_budget - cut, total - context))))
+  critic = min(plan.sizes.critic_context, total - sampling.MAX_VALUE_TOKENS)
   lengths.append((sampling.bucket(critic), sampling.bucket(sampling.MAX_VALUE_TOKENS)))
   P, C = max(lengths, key=sum)
-  rows = sampling.bucket(min(plan.max_sample_batch, plan.rows_per_step), 8)
+  rows = sampling.bucket(min(plan.sizes.max_sample_batch, plan.sizes.rows_per_step), 8)
   return -(-rows // batch_devices) * batch_devices, P, C
 
 
@@ -175,8 +122,8 @@ class Report:
         f'{self.num_params / 1e9:.3f} B parameters, {m.param_dtype}, attention {m.attention_impl}, '
         f'remat {"on" if m.remat else "off"}',
         f'mesh: data={data} fsdp={fsdp} tensor={tensor} ({data * fsdp * tensor} devices, abstract)',
-        f'lengths: prompt <= {p.prompt_tokens} (assumed), response budget {p.response_budget}, '
-        f'context + new tokens <= {p.max_total_len}',
+        f'lengths: prompt <= {p.sizes.prompt_tokens} (assumed), response budget {p.sizes.response_budget}, '
+        f'context + new tokens <= {p.sizes.max_total_len}',
         'checked with jax.eval_shape: parameters, actor and critic optimizer states, one actor '
         'and one critic update (state shapes kept), one sampler call',
         'memory per device (GiB):']
@@ -191,9 +138,9 @@ class Report:
     return '\n'.join(lines)
 
 
-def run(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Report:
-  """Checks and estimates `c` without loading, downloading or writing anything."""
-  plan = plan_from_config(c, num_devices)
+def run(plan: Plan) -> Report:
+  """Checks and estimates a run's plan (`experiment.dry_run_plan(config)`) without loading,
+  downloading or writing anything."""
   mesh = AbstractMesh(plan.mesh_shape, sharding.AXES, axis_types=(AxisType.Auto,) * 3)
   notes = []
   state, num_params = _check_shapes(plan, mesh, notes)
@@ -216,17 +163,17 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
 
   # The actor traces the micro-batch scan as configured (two micro-batches); the critic one
   # micro-batch: the same forward and backward, and a 36-layer trace costs seconds.
-  T_actor = sampling.bucket(plan.prompt_tokens + plan.response_budget)
-  T_critic = sampling.bucket(plan.critic_context + sampling.MAX_VALUE_TOKENS)
-  rows = max(plan.micro_batch, 1)
+  T_actor = sampling.bucket(plan.sizes.prompt_tokens + plan.sizes.response_budget)
+  T_critic = sampling.bucket(plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS)
+  rows = max(plan.sizes.micro_batch, 1)
   actor_batch = updates.ActorBatch(_sds((2 * rows, T_actor), jnp.int32),
                                    *[_sds((2 * rows, T_actor), jnp.float32)] * 3)
   critic_batch = updates.CriticBatch(_sds((rows, T_critic), jnp.int32),
                                      _sds((rows, T_critic), jnp.float32),
                                      _sds((rows,), jnp.float32))
-  settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.micro_batch,
-                                    logits_chunk=plan.logits_chunk)
-  for name, fn, batch, micro in (('actor', updates.actor_update, actor_batch, plan.micro_batch),
+  settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.sizes.micro_batch,
+                                    logits_chunk=plan.sizes.logits_chunk)
+  for name, fn, batch, micro in (('actor', updates.actor_update, actor_batch, plan.sizes.micro_batch),
                                  ('critic', updates.critic_update, critic_batch, 0)):
     step = functools.partial(fn, dataclasses.replace(settings, micro_batch=micro))
     new_state, _ = jax.eval_shape(step, state, batch, _sds((), jnp.float32))
@@ -252,8 +199,8 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
                               *[_sds((B,), jnp.int32)] * 3)[0]
   if tokens_BxC.shape != (B, C):
     raise ValueError(f'sampler output {tokens_BxC.shape}, expected {(B, C)}')
-  if plan.max_total_len > m.max_position_embeddings:
-    notes.append(f'context + new tokens reach {plan.max_total_len} > the model\'s '
+  if plan.sizes.max_total_len > m.max_position_embeddings:
+    notes.append(f'context + new tokens reach {plan.sizes.max_total_len} > the model\'s '
                  f'max_position_embeddings {m.max_position_embeddings} (the preset\'s; a '
                  f'checkpoint such as Qwen3-4B-Thinking-2507 declares 262144)')
   return state, sum(math.prod(x.shape) for x in jax.tree.leaves(params))
@@ -290,14 +237,14 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
   if m.attention_impl == 'xla':
     memory['sampling']['prefill attention scores (xla), one layer'] = rows * heads * P * (P + C) * 4
 
-  T = sampling.bucket(max(plan.prompt_tokens + plan.response_budget,
-                          plan.critic_context + sampling.MAX_VALUE_TOKENS))
-  rows = -(-plan.update_rows // batch_devices)
+  T = sampling.bucket(max(plan.sizes.prompt_tokens + plan.sizes.response_budget,
+                          plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS))
+  rows = -(-plan.sizes.update_rows // batch_devices)
   kept_per_token = m.hidden_size if m.remat else 4 * m.hidden_size + 3 * ffn
-  logit_positions = min(plan.logits_chunk, T) if plan.logits_chunk else T
+  logit_positions = min(plan.sizes.logits_chunk, T) if plan.sizes.logits_chunk else T
   memory['update'] = {
-      'gradients' + (' + accumulator' if plan.micro_batch else ''):
-          memory['state']['parameters'] * (2 if plan.micro_batch else 1),
+      'gradients' + (' + accumulator' if plan.sizes.micro_batch else ''):
+          memory['state']['parameters'] * (2 if plan.sizes.micro_batch else 1),
       f'logits f32 x2: {rows} rows x {logit_positions} x {vocab}':
           2 * rows * logit_positions * vocab * 4,
       ('remat checkpoints' if m.remat else 'activations for backward'):
@@ -306,8 +253,8 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
   if m.attention_impl == 'xla':
     memory['update']['attention scores (xla), one layer'] = rows * heads * T * T * 4
 
-  if plan.micro_batch and plan.micro_batch < batch_devices:
-    notes.append(f'actor.micro_batch={plan.micro_batch} < data*fsdp={batch_devices}: some '
+  if plan.sizes.micro_batch and plan.sizes.micro_batch < batch_devices:
+    notes.append(f'actor.micro_batch={plan.sizes.micro_batch} < data*fsdp={batch_devices}: some '
                  f'devices hold padding rows in each micro-batch')
   return memory
 

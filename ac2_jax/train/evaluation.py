@@ -8,9 +8,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from ac2_jax.algorithms import rollouts
+from ac2_jax.learner import rows as rows_lib
+from ac2_jax.learner.runtime import Runtime
 from ac2_jax.train import eval_stats
-from ac2_jax.train.runtime import Runtime
 
 
 def sample_scores(rt: Runtime, params, key: jax.Array, *, num_problems: int, num_responses: int,
@@ -21,10 +21,10 @@ def sample_scores(rt: Runtime, params, key: jax.Array, *, num_problems: int, num
     raise ValueError('evaluation needs at least one validation problem')
   pidx = np.repeat(np.arange(n_problems), num_responses)
   contexts = [rt.val_prompts[p] for p in pidx]
-  rows, _ = rollouts.generate_rows(rt, params, contexts, [0] * len(pidx), pidx,
+  rows, _ = rows_lib.generate_rows(rt, params, contexts, [0] * len(pidx), pidx,
                                    [max_new_tokens] * len(pidx), [max_new_tokens] * len(pidx), key,
                                    rt.eval_sampling)
-  texts = rollouts.response_texts(rt, rows)
+  texts = rows_lib.response_texts(rt, rows)
   grades = rt.task.score_batch([rt.val_records[p] for p in pidx], texts)
   scores_PxN = np.array([g.reward for g in grades], np.float64).reshape(n_problems, num_responses)
   return scores_PxN, grades, rows

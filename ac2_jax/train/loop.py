@@ -55,24 +55,24 @@ class _StopFlag:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _eval(c, rt, state, step):
-  return evaluate(rt, state.params, jax.random.fold_in(jax.random.key(c.seed + 1), step),
-                  num_problems=c.eval.num_problems, num_responses=c.eval.num_responses,
-                  max_new_tokens=c.controller.response_budget)
+def _eval(run: experiment.RunSettings, rt, state, step):
+  return evaluate(rt, state.params, jax.random.fold_in(jax.random.key(run.seed + 1), step),
+                  num_problems=run.eval_problems, num_responses=run.eval_responses,
+                  max_new_tokens=run.eval_max_new_tokens)
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
           log=print) -> RunSummary:
   """Trains to `c.num_steps` (or stops after step `stop_after`, checkpointing, for tests)."""
-  if c.dry_run:
-    raise ValueError('config.dry_run=True: call ac2_jax.train.dry_run.run(config) instead of train')
+  run = experiment.run_settings(c)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
   if is_main:
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(c.to_json_best_effort(indent=2))
+      f.write(run.config_json)
   rt, algorithm, state = experiment.build(c, workdir, log=log if is_main else (lambda *_: None))
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=c.checkpoints_kept)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                    keep=run.checkpoints_kept)
   logger = metrics_lib.MetricsLogger(workdir, enabled=is_main)
   host = {'flops_cum': 0.0, 'start_score': None, 'last_score': None}
   start = 0
@@ -83,7 +83,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     logger.truncate_after(start)
     log(f'resumed from step {start} in {workdir}')
   else:
-    scores = _eval(c, rt, state, 0)
+    # A run that stopped before its first checkpoint left records that no state matches.
+    logger.truncate_after(-1)
+    scores = _eval(run, rt, state, 0)
     host['start_score'] = host['last_score'] = scores['val/mean_score']
     logger.write(0, {**scores, 'decoding_flops_cum': 0.0})
     log(f'step 0: validation score {scores["val/mean_score"]:.4f} (start of RL)')
@@ -92,26 +94,26 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     ckpt.save(step, state, {'algorithm': algorithm.state_dict(), 'host': host})
 
   last = start
-  eta = console.Eta(start + 1, c.num_steps)
+  eta = console.Eta(start + 1, run.num_steps)
   with _StopFlag() as flag:
-    for step in range(start + 1, c.num_steps + 1):
+    for step in range(start + 1, run.num_steps + 1):
       t0 = time.time()
-      state, record = algorithm.step(rt, state, step, experiment.step_key(c.seed, step))
+      state, record = algorithm.step(rt, state, step, experiment.step_key(run.seed, step))
       host['flops_cum'] += record['decoding_flops']
       record['decoding_flops_cum'] = host['flops_cum']
       record['step_time'] = time.time() - t0
-      if step % c.eval.every == 0 or step == c.num_steps:
-        scores = _eval(c, rt, state, step)
+      if step % run.eval_every == 0 or step == run.num_steps:
+        scores = _eval(run, rt, state, step)
         host['last_score'] = scores['val/mean_score']
         record.update(scores)
       written = logger.write(step, record)
-      if step % c.log_every == 0:
+      if step % run.log_every == 0:
         log(metrics_lib.progress_line(written, PROGRESS_KEYS)
             + f' eta={console.format_duration(eta.seconds_left(step))}')
       last = step
       # All processes must save and stop at the same step (SIGTERM may reach one host only).
       stopping = distributed.any_process(flag.stop) or step == stop_after
-      if step % c.checkpoint_every == 0 or step == c.num_steps or stopping:
+      if step % run.checkpoint_every == 0 or step == run.num_steps or stopping:
         save(step)
       if stopping:
         log(f'stopping after step {step} (checkpoint saved)')

@@ -9,7 +9,9 @@ import json
 import logging
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ac2_jax.train.tensorboard import SummaryWriter
 
@@ -93,3 +95,29 @@ def progress_line(record: Mapping[str, Any], keys: tuple[str, ...]) -> str:
       continue
     parts.append(f'{key}={value:.4g}' if isinstance(value, float) else f'{key}={value}')
   return ' '.join(parts)
+
+
+def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """How far a run's critic carried it, from its per-step records (AC2; empty for the others).
+
+  ready_problems: problems ready at the last step; first_ready_step: the first step after which
+  any problem was ready (None: never); ready_fraction_second_half: mean ready fraction of replay
+  slots over the second half of the steps; critic_scored_share: rows scored by the critic / rows
+  generated; zero_variance_groups: mean share of replay groups with equal values.
+  """
+  steps = [r for r in records if r.get('step', 0) > 0 and 'ready_fraction' in r]
+  if not steps:
+    return {}
+  last = max(r['step'] for r in steps)
+  ready = [r for r in steps if r.get('num_ready_problems', 0) > 0]
+  second = [r['ready_fraction'] for r in steps if r['step'] > last / 2]
+  rows = sum(r.get('rows_generated', 0) for r in steps)
+  zero = [r['replay/zero_variance_groups'] for r in steps
+          if r.get('replay/zero_variance_groups') is not None]
+  return {
+      'ready_problems': int(steps[-1].get('num_ready_problems', 0)),
+      'first_ready_step': min(r['step'] for r in ready) if ready else None,
+      'ready_fraction_second_half': float(np.mean(second)) if second else None,
+      'critic_scored_share': sum(r.get('routed_to_critic', 0) for r in steps) / rows if rows else None,
+      'zero_variance_groups': float(np.mean(zero)) if zero else None,
+  }

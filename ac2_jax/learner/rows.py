@@ -3,6 +3,9 @@
 A `Row` is one sampled continuation: its context (prompt + replayed prefix), its new tokens with
 their sampling log-probs and entropies, and, once scored, its advantage and loss weight. Every
 algorithm builds rows, scores them its own way, and hands them to `train_actor`.
+
+Update metrics stay on the device: `train_actor` and `train_critic` return them as arrays, and an
+algorithm reads a step's metrics with one `jax.device_get` at its end.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ac2_jax import critic, sampling
+from ac2_jax.learner import updates
+from ac2_jax.learner.runtime import Runtime
 from ac2_jax.rl import flops
-from ac2_jax.train import updates
-from ac2_jax.train.runtime import Runtime
 
 
 @dataclasses.dataclass
@@ -79,7 +82,8 @@ def actor_batch(rt: Runtime, rows: Sequence[Row]) -> updates.ActorBatch:
 def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, minibatch: int):
   """Actor update on one minibatch (`minibatch` of rt.actor_minibatches equal, in-order splits).
 
-  Returns (state, metrics). Advantages were computed on the whole batch before the split.
+  Returns (state, metrics on the device). Advantages were computed on the whole batch before the
+  split.
   """
   # Rows outside the loss (refills, dropped singles) take no place in a minibatch.
   trained = [r for r in rows if r.weight > 0]
@@ -87,8 +91,7 @@ def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, miniba
   chosen = [trained[i] for i in parts[minibatch]]
   if not chosen:
     return state, {'skipped_empty': 1.0}
-  state, metrics = rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
-  return state, {k: float(v) for k, v in metrics.items()}
+  return rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
 
 
 def response_texts(rt: Runtime, rows: Sequence[Row]) -> list[str]:
@@ -100,20 +103,19 @@ def response_texts(rt: Runtime, rows: Sequence[Row]) -> list[str]:
 def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
                  responses: Sequence[np.ndarray], references: Sequence[str | None]
                  ) -> list[float | None]:
-  """The critic's V(prompt . response): greedy reply after 'Q value: ', parsed (None = invalid)."""
+  """The critic's V(prompt . response): greedy reply after 'Q value: ', parsed (None = invalid,
+  also when the critic prompt does not fit)."""
   if not prompts:
     return []
-  contexts = [np.asarray(rt.critic_context(p, r, ref), np.int32)
-              for p, r, ref in zip(prompts, responses, references)]
-  too_long = [len(c) + sampling.MAX_VALUE_TOKENS > rt.max_total_len for c in contexts]
-  fits = [c for c, long in zip(contexts, too_long) if not long]
+  contexts = [rt.critic_context(p, r, ref) for p, r, ref in zip(prompts, responses, references)]
+  fits = [c for c in contexts if c is not None]
   replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
                                         stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
                                         max_total_len=rt.max_total_len,
                                         max_batch=rt.max_sample_batch) if fits else [])
   values = []
-  for long in too_long:
-    values.append(None if long else critic.parse_value(rt.tokenizer.decode(
+  for context in contexts:
+    values.append(None if context is None else critic.parse_value(rt.tokenizer.decode(
         [t for t in next(replies).tolist() if t != rt.tokenizer.eos_id])))
   return values
 
@@ -126,8 +128,9 @@ def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
   One forward per context reads the probabilities of the grid values' tokens (each value must be
   one token, as in the built-in tokenizer) and returns sum_z p(z) z / sum_z p(z). A read whose
   grid values take less than half of the next-token mass is invalid (None), as an unparseable
-  greedy reply is. Unlike the greedy reply, which is the mode, this is the critic's expectation:
-  a critic that knows little answers near the mean instead of at the most common value.
+  greedy reply is, and so is one whose critic prompt does not fit. Unlike the greedy reply, which
+  is the mode of the critic's distribution, this is its mean: a critic that knows little answers
+  near the mean label instead of at the most common one.
   """
   if not prompts:
     return []
@@ -138,16 +141,14 @@ def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
       raise ValueError(f'critic readout "expectation" needs every grid value to be one token; '
                        f'{critic.format_value(value)!r} is {len(ids)} tokens in this tokenizer')
     grid_ids.append(ids[0])
-  contexts = [np.asarray(rt.critic_context(p, r, ref), np.int32)
-              for p, r, ref in zip(prompts, responses, references)]
-  too_long = [len(c) + 1 > rt.max_total_len for c in contexts]
-  fits = [c for c, long in zip(contexts, too_long) if not long]
+  contexts = [rt.critic_context(p, r, ref) for p, r, ref in zip(prompts, responses, references)]
+  fits = [c for c in contexts if c is not None]
   probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh)
                if fits else np.zeros((0, len(grid_ids))))
   grid_M = np.asarray(critic.GRID, np.float64)
   values, rows = [], iter(probs_NxM.astype(np.float64))
-  for long in too_long:
-    if long:
+  for context in contexts:
+    if context is None:
       values.append(None)
       continue
     p_M = next(rows)
@@ -168,21 +169,19 @@ def critic_reader(readout: str):
   raise ValueError(f'critic readout must be one of {READOUTS}, got {readout!r}')
 
 
-def critic_records_batch(rt: Runtime, records) -> updates.CriticBatch | None:
-  """Critic prompt + value target tokens per record, the targets masked, bucketed."""
+def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray],
+                         records: Sequence) -> updates.CriticBatch | None:
+  """Critic prompt (`contexts[i]`, from `rt.critic_context`) + value target tokens per record, the
+  targets masked, bucketed."""
   if not records:
     return None
-  seqs, targets = [], []
-  for rec in records:
-    ctx = rt.critic_context(rt.prompt_ids_by_id[rec.problem_id], rec.prefix_tokens_P, rec.reference)
-    seqs.append(ctx)
-    targets.append(critic.value_target_ids(rt.tokenizer, rec.target))
-  T = sampling.bucket(max(len(s) + len(t) for s, t in zip(seqs, targets)))
+  targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
+  T = sampling.bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
   B = _bucket_rows(len(records), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)
   weights = np.zeros((B,), np.float32)
-  for b, (s, t, rec) in enumerate(zip(seqs, targets, records)):
+  for b, (s, t, rec) in enumerate(zip(contexts, targets, records)):
     tokens[b, :len(s)] = s
     tokens[b, len(s):len(s) + len(t)] = t
     mask[b, len(s):len(s) + len(t)] = 1.0

@@ -17,7 +17,7 @@ import optax
 
 from ac2_jax import models
 from ac2_jax.rl import critic_loss, entropy, policy_loss
-from ac2_jax.train import state as state_lib
+from ac2_jax.learner import state as state_lib
 
 
 @dataclasses.dataclass(frozen=True)

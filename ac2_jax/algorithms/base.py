@@ -1,0 +1,39 @@
+"""The algorithm protocol: what the host loop (train/loop.py) calls, and nothing else.
+
+An algorithm is built by train/experiment.py from typed settings and the learner's `Runtime`; it
+keeps its host state (buffers, schedules) itself and hands it to the checkpoint as JSON data.
+`step` runs one training step: sample with `state.params`, score, update, and return the new state
+with the step's metrics as host numbers (read from the device once, at the end of the step).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import jax
+
+from ac2_jax.learner.runtime import Runtime
+from ac2_jax.learner.state import TrainState
+
+Metrics = dict[str, float | int | None]
+
+
+class Algorithm(Protocol):
+
+  def step(self, rt: Runtime, state: TrainState, step: int,
+           key: jax.Array) -> tuple[TrainState, Metrics]:
+    """One training step; `key` is a pure function of (seed, step)."""
+    ...
+
+  def state_dict(self) -> dict:
+    """The host state kept between steps, as JSON data (saved beside the parameters)."""
+    ...
+
+  def load_state_dict(self, data: dict) -> None:
+    ...
+
+
+def host_metrics(device_metrics: dict) -> dict[str, float]:
+  """The one device read of a step: every update's metrics (nested dicts of arrays) as floats."""
+  host = jax.device_get(device_metrics)
+  return jax.tree.map(float, host)

@@ -1,0 +1,101 @@
+"""The runtime an algorithm is given: model, tokenizer, task, mesh and the jitted update steps.
+
+`build_runtime` makes it in one call from typed values (train/experiment.py reads the config and
+calls it); the result is frozen. The update steps are jitted there, once, with explicit shardings of
+the train state and the batch and with the state donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ac2_jax import critic, models, sampling, sharding, tokenization
+from ac2_jax.learner import state as state_lib
+from ac2_jax.learner import updates
+from ac2_jax.tasks import base as task_base
+
+
+def max_total_len(longest_prompt: int, response_budget: int, critic_context: int) -> int:
+  """Longest context + new tokens of any sampler call: a prompt plus the whole response budget,
+  or a critic prompt (which may be longer) plus its value tokens."""
+  return max(longest_prompt + response_budget, critic_context)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Runtime:
+  model_config: models.ModelConfig
+  tokenizer: tokenization.Tokenizer
+  task: task_base.Task
+  mesh: Mesh
+  update_settings: updates.UpdateSettings
+  train_sampling: sampling.SamplingSettings
+  eval_sampling: sampling.SamplingSettings
+  max_total_len: int             # longest context + new tokens of any sampler call
+  max_sample_batch: int          # rows per sampler device call
+  actor_minibatches: int
+  train_records: Sequence[task_base.ProblemRecord]
+  val_records: Sequence[task_base.ProblemRecord]
+  train_prompts: Sequence[np.ndarray]  # prompt token ids per training record
+  val_prompts: Sequence[np.ndarray]
+  prompt_ids_by_id: dict         # training problem id -> prompt token ids
+  actor_step: Callable           # (state, ActorBatch, eps_high) -> (state, metrics)
+  critic_step: Callable          # (state, CriticBatch, lr) -> (state, metrics)
+  critic_readout: str = 'greedy'  # how a critic value is read (learner.rows.READOUTS)
+
+  @property
+  def batch_multiple(self) -> int:
+    """Rows of a device batch must divide evenly over the mesh's batch axes."""
+    return sharding.batch_devices(self.mesh)
+
+  def put_batch(self, batch: Any) -> Any:
+    return sharding.put_batch(batch, self.mesh)
+
+  def critic_context(self, prompt_ids, response_ids, reference: str | None) -> np.ndarray | None:
+    """The critic prompt that values `prompt_ids + response_ids`, or None when it and the value
+    tokens would not fit in `max_total_len` (such a read is invalid, such a pair skipped)."""
+    ids = critic.critic_context_ids(self.tokenizer, prompt_ids, response_ids,
+                                    instruction_text=self.task.critic_instruction(reference))
+    if len(ids) + sampling.MAX_VALUE_TOKENS > self.max_total_len:
+      return None
+    return np.asarray(ids, np.int32)
+
+
+def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.Tokenizer,
+                  task: task_base.Task, mesh: Mesh, update_settings: updates.UpdateSettings,
+                  train_sampling: sampling.SamplingSettings,
+                  eval_sampling: sampling.SamplingSettings, max_total_len: int,
+                  max_sample_batch: int, actor_minibatches: int,
+                  state: state_lib.TrainState, critic_readout: str = 'greedy') -> Runtime:
+  """The runtime, with the actor and critic steps jitted for `state`'s shardings."""
+  train_records, val_records = task.records('train'), task.records('validation')
+  prompts = lambda records: [np.asarray(task.prompt_ids(tokenizer, r), np.int32) for r in records]
+  train_prompts = prompts(train_records)
+  state_shardings = sharding.param_shardings(state, mesh)
+  batch = sharding.batch_sharding(mesh)
+  scalar = NamedSharding(mesh, P())
+
+  def jit(fn):
+    return jax.jit(functools.partial(fn, update_settings),
+                   in_shardings=(state_shardings, batch, scalar),
+                   out_shardings=(state_shardings, scalar), donate_argnums=0)
+
+  return Runtime(
+      model_config=model_config, tokenizer=tokenizer, task=task, mesh=mesh,
+      update_settings=update_settings, train_sampling=train_sampling,
+      eval_sampling=eval_sampling, max_total_len=max_total_len,
+      max_sample_batch=max_sample_batch, actor_minibatches=actor_minibatches,
+      train_records=train_records, val_records=val_records, train_prompts=train_prompts,
+      val_prompts=prompts(val_records),
+      prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
+      actor_step=jit(updates.actor_update), critic_step=jit(updates.critic_update),
+      critic_readout=critic_readout)
+
+
+def place_state(state: state_lib.TrainState, mesh: Mesh) -> state_lib.TrainState:
+  return sharding.shard_params(state, mesh)
