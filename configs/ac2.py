@@ -27,6 +27,9 @@ IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/
     --config.task.proofs_train_dir=/data/fineproofs --config.task.proofs_validation_dir=/data/imo \
     --config.judge.base_url=http://judge:8000/v1 --config.judge.model=gpt-oss-120b
 
+Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
+ac2_jax/train/bench_setting.py): `--config=configs/ac2.py:bench`, combinable with the variants.
+
 Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   no_audit            no audited full rollouts of ready problems (alpha = 0)
   group1              group size 1: single chunks from distinct cuts, A = v - V(s)
@@ -37,7 +40,7 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   no_reference        the critic never sees a reference solution
 """
 
-from ac2_jax.train import defaults
+from ac2_jax.train import bench_setting, defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference')
@@ -71,6 +74,9 @@ def get_config(arg: str = ''):
   if 'qwen3_4b' in parts:
     c = defaults.paper_scale(c)
     parts.remove('qwen3_4b')
+  if 'bench' in parts:
+    c = bench_setting.apply_bench(c)
+    parts.remove('bench')
   # chunk_small scales from the chosen size, so it applies after qwen3_4b.
   for part in parts:
     if part not in ('', 'tiny', 'cpu'):

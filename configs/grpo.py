@@ -7,9 +7,11 @@ Paper scale (256 problems x 16 responses per step, Qwen3-4B; see docs/tpu.md):
     --config.model.init_checkpoint=... --config.task.proofs_train_dir=... \
     --config.task.proofs_validation_dir=... --config.judge.base_url=...
 Argument `std` divides advantages by the group's standard deviation.
+Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
+ac2_jax/train/bench_setting.py).
 """
 
-from ac2_jax.train import defaults
+from ac2_jax.train import bench_setting, defaults
 
 
 def get_config(arg: str = ''):
@@ -18,9 +20,11 @@ def get_config(arg: str = ''):
   parts = [p for p in arg.split(',') if p]
   if 'qwen3_4b' in parts:
     c = defaults.paper_scale(c)
+  if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
+    c = bench_setting.apply_bench(c)
   if 'std' in parts:
     c.grpo.normalize_std = True
-  unknown = set(parts) - {'qwen3_4b', 'std', 'tiny', 'cpu'}
+  unknown = set(parts) - {'qwen3_4b', 'bench', 'std', 'tiny', 'cpu'}
   if unknown:
     raise ValueError(f'unknown GRPO config arguments {sorted(unknown)}')
   return c

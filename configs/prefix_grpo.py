@@ -4,9 +4,11 @@ advantages from terminal rewards; no critic.
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/prefix_grpo.py --workdir=/tmp/prefix_grpo_run
 Paper scale: `--config=configs/prefix_grpo.py:qwen3_4b` with the flags of configs/ac2.py.
+Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
+ac2_jax/train/bench_setting.py).
 """
 
-from ac2_jax.train import defaults
+from ac2_jax.train import bench_setting, defaults
 
 
 def get_config(arg: str = ''):
@@ -15,7 +17,9 @@ def get_config(arg: str = ''):
   parts = [p for p in arg.split(',') if p]
   if 'qwen3_4b' in parts:
     c = defaults.paper_scale(c)
-  unknown = set(parts) - {'qwen3_4b', 'tiny', 'cpu'}
+  if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
+    c = bench_setting.apply_bench(c)
+  unknown = set(parts) - {'qwen3_4b', 'bench', 'tiny', 'cpu'}
   if unknown:
     raise ValueError(f'unknown Prefix GRPO config arguments {sorted(unknown)}')
   return c

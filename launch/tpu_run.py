@@ -14,7 +14,7 @@ See docs/tpu.md and docs/gpu.md.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ac2_jax.train import cli, distributed, dry_run, experiment, loop
+from ac2_jax.train import cli, console, distributed, dry_run, experiment, loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
@@ -30,6 +30,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # tfds logs every shard it writes at INFO
+  console.quiet_progress_bars()  # no tqdm bars in a log file
   config = _CONFIG.value
   if config.dry_run:  # no cluster is started: the mesh is abstract
     print(dry_run.run(experiment.dry_run_plan(config)).text())

@@ -5,17 +5,7 @@ import numpy as np
 import pytest
 
 from ac2_jax.train import eval_stats
-
-
-def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
-  """Unbiased estimator 1 - C(n - c, k) / C(n, k) (ALGORITHMS.md, Evaluation); the trainer reports
-  mean score and best-of-n, so only this test file holds it."""
-  if not 0 <= num_correct <= num_samples or not 1 <= k <= num_samples:
-    raise ValueError(f'pass_at_k needs 0 <= c <= n and 1 <= k <= n; got n={num_samples}, '
-                     f'c={num_correct}, k={k}')
-  if num_samples - num_correct < k:
-    return 1.0
-  return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+from ac2_jax.train.eval_stats import pass_at_k
 
 
 def test_pass_at_k_matches_enumeration():

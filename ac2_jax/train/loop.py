@@ -16,7 +16,8 @@ import time
 import jax
 import ml_collections
 
-from ac2_jax.train import checkpointing, distributed, experiment, metrics as metrics_lib, plots
+from ac2_jax.train import checkpointing, console, distributed, experiment, metrics as metrics_lib
+from ac2_jax.train import plots
 from ac2_jax.train.evaluation import evaluate
 
 PROGRESS_KEYS = ('step', 'reward/judged_mean', 'reward/refill_mean', 'ready_fraction',
@@ -93,6 +94,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     ckpt.save(step, state, {'algorithm': algorithm.state_dict(), 'host': host})
 
   last = start
+  eta = console.Eta(start + 1, run.num_steps)
   with _StopFlag() as flag:
     for step in range(start + 1, run.num_steps + 1):
       t0 = time.time()
@@ -106,7 +108,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
         record.update(scores)
       written = logger.write(step, record)
       if step % run.log_every == 0:
-        log(metrics_lib.progress_line(written, PROGRESS_KEYS))
+        log(metrics_lib.progress_line(written, PROGRESS_KEYS)
+            + f' eta={console.format_duration(eta.seconds_left(step))}')
       last = step
       # All processes must save and stop at the same step (SIGTERM may reach one host only).
       stopping = distributed.any_process(flag.stop) or step == stop_after

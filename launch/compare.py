@@ -1,0 +1,59 @@
+"""Methods against each other over seeds: one warm start per seed, the same evaluation for all.
+
+  python launch/compare.py --methods=ac2,grpo,prefix_grpo --seeds=0,1,2 --config_arg=bench \
+    --root=/tmp/compare
+  python launch/compare.py --methods=ac2,ac2:no_local_readiness,ac2:chunk_small --config_arg=bench \
+    --root=/tmp/ablations --quick
+
+A rerun with the same --root skips finished runs and resumes unfinished ones. Writes
+ROOT/compare.json and ROOT/plots/*.png and prints the table (ac2_jax/train/compare.py).
+"""
+
+import ast
+import os
+
+import jax
+from absl import app, flags, logging
+
+from ac2_jax.train import compare, console
+
+_METHODS = flags.DEFINE_list('methods', ['ac2', 'grpo', 'prefix_grpo'],
+                             'configs/<name>.py, AC2 variants after a colon (ac2:no_audit+group1).')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds; one warm start each.')
+_ROOT = flags.DEFINE_string('root', None, 'Directory of the comparison (warm starts, runs, report).')
+_CONFIG_ARG = flags.DEFINE_string('config_arg', '', 'Config argument of every method, e.g. bench.')
+_QUICK = flags.DEFINE_bool('quick', False, f'First seed only, at most {compare.QUICK_STEPS} steps, '
+                           f'{compare.QUICK_PROBLEMS} evaluation problems.')
+_EVAL_EVERY = flags.DEFINE_integer('eval_every', 5, 'Steps between evaluations.')
+_EVAL_PROBLEMS = flags.DEFINE_integer('eval_problems', 128, 'Validation problems per evaluation.')
+_EVAL_RESPONSES = flags.DEFINE_integer('eval_responses', 8, 'Responses per validation problem.')
+_SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE config override of every run (Python '
+                                 'literal values), e.g. --set=num_steps=40.')
+flags.mark_flags_as_required(['root'])
+
+
+def _literal(text):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)
+  console.quiet_progress_bars()
+  root = os.path.abspath(_ROOT.value)
+  jax.config.update('jax_compilation_cache_dir', os.path.join(root, 'jax_cache'))
+  overrides = tuple((k, _literal(v)) for k, _, v in (s.partition('=') for s in _SET.value))
+  compare.compare(compare.CompareSettings(
+      methods=tuple(_METHODS.value), seeds=tuple(int(s) for s in _SEEDS.value), root=root,
+      configs_dir=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs'),
+      config_arg=_CONFIG_ARG.value, quick=_QUICK.value, eval_every=_EVAL_EVERY.value,
+      eval_problems=_EVAL_PROBLEMS.value, eval_responses=_EVAL_RESPONSES.value,
+      overrides=overrides))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,149 @@
+"""launch/compare.py's library on a tiny setting (2 methods, 1 seed, 2 steps): one warm start per
+seed, compare.json and the plots, a rerun that skips finished runs and resumes an unfinished one;
+and launch/evaluate.py's library (mean@n, best-of-n, pass@k) on the runs' checkpoints."""
+
+import itertools
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from ac2_jax.train import checkpoint_eval, compare, experiment, loop
+from train_fixtures import (CONFIGS, SMALL, compile_cache, length_credit_build_task,  # noqa: F401
+                            read_records, tiny_config, train_base)
+
+pytestmark = pytest.mark.usefixtures('compile_cache')
+
+STEPS = 2
+
+
+def _settings(train_base, root):
+  data_dir, _ = train_base
+  small = {k: v for k, v in SMALL.items() if not k.startswith('eval.') and k != 'checkpoint_every'}
+  small.update({'num_steps': STEPS, 'task.data_dir': data_dir})
+  return compare.CompareSettings(methods=('grpo', 'ac2'), seeds=(0,), root=root,
+                                 configs_dir=CONFIGS, eval_every=2, eval_problems=4,
+                                 eval_responses=2, overrides=tuple(small.items()))
+
+
+@pytest.fixture(scope='module')
+def compared(train_base, compile_cache, tmp_path_factory):  # noqa: F811
+  """Runs the tiny comparison once, counting trainer calls and warm starts."""
+  root = str(tmp_path_factory.mktemp('compare'))
+  counts = {'train': 0, 'warm': 0}
+  real_train, real_initial = loop.train, experiment.initial_checkpoint
+
+  def train(*args, **kwargs):
+    counts['train'] += 1
+    return real_train(*args, **kwargs)
+
+  def initial_checkpoint(c, *args, **kwargs):  # the fixture's 2-layer warm start stands in for SFT
+    if c.model.init_checkpoint:  # a run's own build, given the seed's warm start
+      return real_initial(c, *args, **kwargs)
+    counts['warm'] += 1
+    return train_base[1]
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(loop, 'train', train)
+    mp.setattr(experiment, 'initial_checkpoint', initial_checkpoint)
+    lines = []
+    report = compare.compare(_settings(train_base, root), log=lines.append)
+    yield {'root': root, 'report': report, 'counts': counts, 'lines': lines, 'mp': mp}
+
+
+def test_compare_writes_json_and_plots(compared):
+  root, counts = compared['root'], compared['counts']
+  assert counts == {'train': 2, 'warm': 1}  # one warm start for the seed's two methods
+  with open(os.path.join(root, 'compare.json')) as f:
+    report = json.load(f)
+  assert set(report['methods']) == {'grpo', 'ac2'}
+  for run in report['runs']:
+    assert run['curves']['eval']['step'] == [0, 2]
+    assert run['curves']['last_step'] == STEPS
+    assert set(run['curves']['time_per_step']) >= {'step_time', 'time/generate'}
+    assert run['reach'] is not None and run['reach']['target'] == report['methods']['grpo'][
+        'peak_mean']
+  ac2_run = next(r for r in report['runs'] if r['method'] == 'ac2')
+  assert len(ac2_run['curves']['per_step']['ready_fraction']) == STEPS
+  names = {os.path.basename(p) for p in report['plots']}
+  assert names == {'score_vs_flops.png', 'score_vs_steps.png', 'score_vs_wall.png',
+                   'ready_fraction.png', 'critic_error.png'}
+  for p in report['plots']:
+    assert os.path.getsize(p) > 1000
+  assert 'grpo' in report['table'] and 'time per step by phase' in report['table']
+  assert any('eta=' in line and line.startswith('[1/2 grpo seed 0] step=') for line in
+             compared['lines'])
+
+
+def test_rerun_skips_finished_and_resumes_unfinished(compared, train_base):
+  root, counts, mp = compared['root'], compared['counts'], compared['mp']
+  settings = _settings(train_base, root)
+  grpo_dir = compare.run_dir(settings, compare.parse_method('grpo'), 0)
+  before = read_records(grpo_dir)
+  lines = []
+  compare.compare(settings, log=lines.append)
+  assert counts['train'] == 2, 'finished runs must be skipped'
+  assert sum('skipped' in line for line in lines) == 2
+
+  os.remove(os.path.join(grpo_dir, 'summary.json'))  # as if the run had been stopped
+  lines = []
+  compare.compare(settings, log=lines.append)
+  assert counts['train'] == 3 and counts['warm'] == 2
+  assert any('resumed from step 2' in line for line in lines), lines
+  assert read_records(grpo_dir) == before  # nothing recomputed
+  del mp
+
+
+def test_parse_methods_and_configs(compared, train_base):
+  m = compare.parse_method('ac2:chunk_small+no_audit')
+  assert m.variants == ('chunk_small', 'no_audit') and m.dirname == 'ac2-chunk_small-no_audit'
+  assert m.config_arg('bench') == 'bench,chunk_small,no_audit'
+  with pytest.raises(ValueError):
+    compare.parse_method('grpo:no_audit')
+  s = _settings(train_base, compared['root'])
+  c = compare.run_config(s, m, 1)
+  assert (c.seed, c.eval.every, c.controller.no_audit, c.num_steps) == (1, 2, True, STEPS)
+
+
+def test_summarize_pass_at_k_by_hand():
+  scores = np.array([[1.0, 0.0, 0.5, 1.0],   # c = 2 of n = 4
+                     [0.0, 0.0, 0.0, 0.0],   # c = 0
+                     [1.0, 1.0, 1.0, 0.2]])  # c = 3
+  out = checkpoint_eval.summarize(scores, (1, 2, 4, 8), np.random.default_rng(0))
+  # pass@2: 1 - C(2,2)/C(4,2) = 5/6; 0; 1 - C(1,2)/C(4,2) = 1  -> mean 11/18
+  assert out['pass_at_k'] == pytest.approx({'1': (2 / 4 + 0 + 3 / 4) / 3, '2': 11 / 18,
+                                            '4': 2 / 3})
+  assert out['mean_at_n'] == pytest.approx(scores.mean())
+  assert out['correct_per_problem'] == [2, 0, 3] and out['full_marks'] == pytest.approx(5 / 12)
+
+
+def _pass_at_k_by_enumeration(correct, n, k):
+  """Share of the k-subsets of n responses (c of them correct) holding a correct one."""
+  responses = [True] * correct + [False] * (n - correct)
+  subsets = list(itertools.combinations(range(n), k))
+  return sum(any(responses[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_evaluate_workdir_step_and_hf(compared, train_base, tmp_path):
+  mp = compared['mp']
+  mp.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  workdir = compare.run_dir(_settings(train_base, compared['root']),
+                            compare.parse_method('grpo'), 0)
+  kwargs = dict(num_problems=4, num_responses=4, ks=(1, 2, 3), log=lambda *_: None)
+  out = checkpoint_eval.evaluate_checkpoint(workdir, **kwargs)
+  assert out['kind'] == 'workdir' and out['step'] == STEPS
+  assert out['decoding_flops_cum'] == pytest.approx(read_records(workdir)[STEPS][
+      'decoding_flops_cum'])
+  for k in (1, 2, 3):
+    expected = np.mean([_pass_at_k_by_enumeration(c, 4, k) for c in out['correct_per_problem']])
+    assert out['pass_at_k'][str(k)] == pytest.approx(expected)
+  assert 'pass@3' in checkpoint_eval.table(out)
+
+  step_dir = os.path.join(workdir, 'checkpoints', str(STEPS))
+  assert checkpoint_eval.resolve(step_dir).step == STEPS
+  hf = checkpoint_eval.evaluate_checkpoint(train_base[1], config=tiny_config(train_base, 'grpo'),
+                                           scratch_dir=str(tmp_path), **kwargs)
+  assert hf['kind'] == 'hf' and hf['decoding_flops_cum'] is None
+  assert 0.0 <= hf['mean_at_n'] <= 1.0 and math.isfinite(hf['best_of_n'])
