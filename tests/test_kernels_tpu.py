@@ -18,8 +18,8 @@ import pytest
 from ac2_jax import models
 from ac2_jax import sampling
 from ac2_jax.models import qwen3
-from ac2_jax.train import state as state_lib
-from ac2_jax.train import updates
+from ac2_jax.learner import state as state_lib
+from ac2_jax.learner import updates
 from kernels import ops
 from kernels import reference
 from test_kernels import FlashCase, _assert_close, _output_and_grads, _qkv, check_flash_case
