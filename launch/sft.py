@@ -6,6 +6,8 @@
 checkpoint directory that `--config.model.init_checkpoint` also accepts.
 """
 
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -20,9 +22,13 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  config = _CONFIG.value
-  task, tok = experiment.build_task(config, _WORKDIR.value, config.model.init_checkpoint or None)
-  print(experiment.initial_checkpoint(config, _WORKDIR.value, task, tok))
+  config = cli.load_config(_CONFIG)
+  try:
+    experiment.validate(config)
+    task, tok = experiment.build_task(config, _WORKDIR.value, config.model.init_checkpoint or None)
+    print(experiment.initial_checkpoint(config, _WORKDIR.value, task, tok))
+  except experiment.ConfigError as e:
+    sys.exit(f'FATAL config error: {e}')
 
 
 if __name__ == '__main__':

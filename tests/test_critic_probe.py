@@ -85,6 +85,10 @@ def test_probe_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, readout
   train, held = probe.split(prefixes, settings.held_out_problems, settings.seed)
   assert {p.problem_index for p in train}.isdisjoint({p.problem_index for p in held})
   assert len({p.problem_index for p in held}) == 2
+  values = rollouts.critic_reader(readout)(rt, state.params, [rt.train_prompts[0]] * 2,
+                                           [np.zeros(0, np.int32), held[0].prefix_P], [None] * 2)
+  assert all(v is None or 0.0 <= v <= 1.0 for v in values)
+  # The critic updates donate the state: it is not read after this.
   curve = probe.train_and_evaluate(
       rt, state, train, held, settings, learning_rate=1e-3, tau_local=0.18,
       read=rollouts.critic_reader(readout), records_batch=rollouts.critic_records_batch,
@@ -93,6 +97,3 @@ def test_probe_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, readout
   for entry in curve:
     assert 0.0 <= entry['critic']['mae'] <= 1.0
     assert entry['lookup']['invalid'] == 0
-  values = rollouts.critic_reader(readout)(rt, state.params, [rt.train_prompts[0]] * 2,
-                                           [np.zeros(0, np.int32), held[0].prefix_P], [None] * 2)
-  assert all(v is None or 0.0 <= v <= 1.0 for v in values)

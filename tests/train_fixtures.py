@@ -142,6 +142,11 @@ def read_records(workdir: str) -> dict[int, dict]:
   return records
 
 
+def comparable(record: dict) -> dict:
+  """A metrics record without its wall-clock timings (step_time, time/*), which never repeat."""
+  return {k: v for k, v in record.items() if k != 'step_time' and not k.startswith('time/')}
+
+
 def is_finite_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -1,17 +1,27 @@
-"""Flag parsing for the launch scripts: a bad `--config.key=value` ends the program with one line.
+"""Flag parsing for the launch scripts: a user error ends the program with one line, no traceback.
 
 ml_collections reports an override of a key the config does not have as an AttributeError deep
 in absl's parser (a traceback ending in `AttributeError: "'foo'"`); the launchers pass
 `parse_flags` to `app.run` so that a typo reads as `unknown config key 'sft.stepz' in
---config.sft.stepz=1 (Did you mean "steps" instead of "stepz"?)` instead.
+--config.sft.stepz=1 (Did you mean "steps" instead of "stepz"?)` instead. A value of the wrong
+type (`--config.num_steps=abc`) and a missing required flag end the same way, and `load_config`
+turns a config file that does not load (missing file, unknown variant) into one line too.
+
+Exit statuses of the launchers (documented in README.md):
+  0   finished
+  1   a user error (bad flag, bad config, refused resume): one line on stderr, nothing written
+  75  stopped by SIGTERM/SIGINT after saving a checkpoint (EX_TEMPFAIL: rerun the same command)
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import sys
 
 from absl import flags
+
+EXIT_PREEMPTED = 75  # os.EX_TEMPFAIL: a scheduler may requeue the same command
 
 
 def _unknown_key_message(error: AttributeError, argv: list[str]) -> str:
@@ -29,9 +39,42 @@ def _unknown_key_message(error: AttributeError, argv: list[str]) -> str:
   return f'unknown config key {key!r}{where}' + (f' ({hint.strip()})' if hint.strip() else '')
 
 
+def _one_line(text: str) -> str:
+  """A message in one line; of an error text that embeds a traceback, its last line."""
+  text = str(text)
+  if 'Traceback (most recent call last)' in text:
+    head = text.split(': ', 1)[0]
+    lines = [line for line in text.splitlines() if line.strip()]
+    text = f'{head}: {lines[-1].strip()}'
+  return ' '.join(text.split())
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """`app.run(main, flags_parser=parse_flags)`: absl parsing, with unknown config keys reported."""
+  """`app.run(main, flags_parser=parse_flags)`: absl parsing, every flag error in one line."""
   try:
     return flags.FLAGS(argv)
   except AttributeError as e:
     sys.exit(f'FATAL Flags parsing error: {_unknown_key_message(e, argv)}')
+  except flags.Error as e:  # a value of the wrong type, a missing required flag
+    sys.exit(f'FATAL Flags parsing error: {_one_line(e)}')
+
+
+def load_config(holder, name: str = 'config'):
+  """`holder.value` of a `config_flags.DEFINE_config_file` flag, or exit with one line.
+
+  ml_collections loads the file lazily and reports a failure as a chained multi-line error.
+  """
+  try:
+    config = holder.value
+    config.keys()  # a file that failed to load gives a stand-in that raises on any access
+    return config
+  except Exception as e:  # noqa: BLE001 - any error of the user's config file ends here
+    spec = str(getattr(flags.FLAGS[name], 'config_filename', '') or '')
+    path = spec.split(':', 1)[0]
+    if path and not os.path.isfile(path):
+      sys.exit(f'FATAL config error: --{name}={spec}: no such file {path!r}')
+    inner = e
+    while inner.__cause__ is not None or inner.__context__ is not None:
+      inner = inner.__cause__ or inner.__context__
+    message = _one_line(str(inner).split('\n', 1)[0] or type(inner).__name__)
+    sys.exit(f'FATAL config error: --{name}={spec}: {message}')

@@ -3,6 +3,11 @@
 A run is a pure function of its config and the step number: every step's PRNG key is derived from
 (seed, step), and the host state (controller, schedules, cumulative FLOPs) is saved with the
 parameters, so a run resumed from its workdir writes the same later metrics as one never stopped.
+
+Before any work the config is validated (`experiment.validate`) and compared with the run the
+workdir already holds (`run_record.check_resume`); a rejected config writes nothing. SIGTERM and
+SIGINT (preemption) save at the end of the current step and return `finished=False`; the
+launcher then exits with `cli.EXIT_PREEMPTED`.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import jax
 import ml_collections
 
 from ac2_jax.train import checkpointing, console, distributed, experiment, metrics as metrics_lib
-from ac2_jax.train import plots
+from ac2_jax.train import plots, run_record
 from ac2_jax.train.evaluation import evaluate
+
+# What a user got wrong: the launchers print these in one line and exit with status 1.
+USER_ERRORS = (experiment.ConfigError, run_record.ResumeRefused)
 
 PROGRESS_KEYS = ('step', 'reward/judged_mean', 'reward/refill_mean', 'ready_fraction',
                  'critic_error', 'entropy', 'val/mean_score', 'step_time')
@@ -31,28 +39,36 @@ class RunSummary:
   start_score: float | None
   final_score: float | None
   plots: list[str]
+  num_steps: int = 0
+  finished: bool = True            # False: stopped early (SIGTERM/SIGINT, stop_after)
+  # AC2: how far the critic carried the run (train/metrics.mechanism_summary); {} otherwise.
+  mechanism: dict = dataclasses.field(default_factory=dict)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class _StopFlag:
-  """Turns SIGTERM into a checkpoint at the end of the current step (preemption)."""
+  """Turns SIGTERM and SIGINT into a checkpoint at the end of the current step (preemption)."""
 
   def __init__(self):
     self.stop = False
-    self._previous = None
+    self._previous = {}
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no handler, the run just continues
-      self._previous = None
+    for sig in STOP_SIGNALS:
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: no handler, the run just continues
+        pass
     return self
 
   def _handle(self, signum, frame):
     self.stop = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
 
 def _eval(run: experiment.RunSettings, rt, state, step):
@@ -62,22 +78,29 @@ def _eval(run: experiment.RunSettings, rt, state, step):
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
-          log=print) -> RunSummary:
-  """Trains to `c.num_steps` (or stops after step `stop_after`, checkpointing, for tests)."""
-  run = experiment.run_settings(c)
-  os.makedirs(workdir, exist_ok=True)
+          allow_config_change: bool = False, log=print) -> RunSummary:
+  """Trains to `c.num_steps` (or stops after step `stop_after`, checkpointing, for tests).
+
+  Raises one of USER_ERRORS, before writing anything, for a config that cannot run or that
+  differs from the run in `workdir` (unless `allow_config_change`).
+  """
+  settings = experiment.validate(c)
+  run = settings.run
   is_main = jax.process_index() == 0
+  quiet = log if is_main else (lambda *_: None)
+  run_record.check_resume(workdir, run.config_json, allow_change=allow_config_change, log=quiet)
+  os.makedirs(workdir, exist_ok=True)
   if is_main:
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(run.config_json)
-  rt, algorithm, state = experiment.build(c, workdir, log=log if is_main else (lambda *_: None))
+    run_record.write_config(workdir, run.config_json)
+  rt, algorithm, state = experiment.build(c, workdir, log=quiet, settings=settings)
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                     keep=run.checkpoints_kept)
   logger = metrics_lib.MetricsLogger(workdir, enabled=is_main)
   host = {'flops_cum': 0.0, 'start_score': None, 'last_score': None}
   start = 0
-  if ckpt.latest_step() is not None:
-    start, state, saved = ckpt.restore(state)
+  restored = ckpt.restore_newest_intact(state, log=quiet)
+  if restored is not None:
+    start, state, saved = restored
     algorithm.load_state_dict(saved['algorithm'])
     host = saved['host']
     logger.truncate_after(start)
@@ -91,9 +114,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     log(f'step 0: validation score {scores["val/mean_score"]:.4f} (start of RL)')
 
   def save(step):
-    ckpt.save(step, state, {'algorithm': algorithm.state_dict(), 'host': host})
+    ckpt.save(step, state, {'algorithm': algorithm.state_dict(), 'host': host,
+                            'config': json.loads(run.config_json)})
 
-  last = start
+  last, stopped = start, False
   eta = console.Eta(start + 1, run.num_steps)
   with _StopFlag() as flag:
     for step in range(start + 1, run.num_steps + 1):
@@ -116,12 +140,17 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
       if step % run.checkpoint_every == 0 or step == run.num_steps or stopping:
         save(step)
       if stopping:
+        stopped = step < run.num_steps
         log(f'stopping after step {step} (checkpoint saved)')
         break
   logger.close()
   ckpt.close()
-  paths = plots.plot_run(workdir) if is_main else []
-  summary = RunSummary(workdir, last, host['start_score'], host['last_score'], paths)
+  finished = not stopped and last >= run.num_steps
+  paths = plots.plot_run(workdir) if is_main and finished else []
+  summary = RunSummary(workdir, last, host['start_score'], host['last_score'], paths,
+                       num_steps=run.num_steps, finished=finished,
+                       mechanism=metrics_lib.mechanism_summary(metrics_lib.read_metrics(
+                           logger.path)) if is_main and os.path.exists(logger.path) else {})
   if is_main:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
       json.dump(dataclasses.asdict(summary), f, indent=2)

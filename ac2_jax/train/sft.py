@@ -75,6 +75,15 @@ def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def done_key(out_dir: str) -> str | None:
+  """The settings key of the finished warm start in `out_dir` (None: none finished there)."""
+  try:
+    with open(os.path.join(out_dir, DONE_FILE)) as f:
+      return json.load(f).get('key')
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
 def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
             examples: Iterator[tuple[np.ndarray, np.ndarray]], out_dir: str, *, data_key: str = '',
             critic_examples: Iterator[tuple[np.ndarray, np.ndarray]] | None = None,
@@ -83,15 +92,18 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
 
   `critic_examples` feeds the critic batches when `settings.critic_every` asks for them.
 
-  Reuses `out_dir` when it already holds a finished run with the same settings.
+  Reuses `out_dir` when it already holds a finished run with the same settings, and refuses
+  (ValueError) to overwrite a finished run of other settings.
   """
   key = settings_key(model_config, settings, data_key)
   done_path = os.path.join(out_dir, DONE_FILE)
   if os.path.exists(done_path):
-    with open(done_path) as f:
-      if json.load(f).get('key') == key:
-        log(f'SFT: reusing the warm start in {out_dir}')
-        return out_dir
+    found = done_key(out_dir)
+    if found == key:
+      log(f'SFT: reusing the warm start in {out_dir}')
+      return out_dir
+    raise ValueError(f'{out_dir} holds a finished SFT warm start of other settings (key {found}, '
+                     f'these are {key}); not overwriting it: choose another directory')
 
   warmup = min(settings.warmup_steps, settings.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, settings.learning_rate, warmup,
