@@ -90,6 +90,9 @@ PINNED = {
     'actor.micro_batch': 0,
     'critic.grad_clip': 0.2,
     'critic.max_context': 320,
+    'critic.readout': 'greedy',
+    'task.builtin_scoring': 'local',
+    'task.builtin_critic_prompt': 'long',
 }
 
 # (config name, steps run, step before which every problem is made ready or None)

@@ -134,7 +134,9 @@ def test_judge_outage_and_long_critic_pairs_do_not_stop_the_run(train_base, tmp_
   monkeypatch.setattr(experiment, 'build_task', build_task)
   # critic.max_context=0: the context limit is the prompt plus the response budget, shorter than
   # any critic prompt (which adds the critic's instruction to the response).
-  c = tiny_config(train_base, 'ac2', num_steps=2, critic__max_context=0)
+  # The long instruction: the short one would fit.
+  c = tiny_config(train_base, 'ac2', num_steps=2, critic__max_context=0,
+                  task__builtin_critic_prompt='long')
   summary = loop.train(c, str(tmp_path), log=lambda *_: None)
   assert summary.last_step == 2 and len(tasks) == 1
   records = read_records(str(tmp_path))
