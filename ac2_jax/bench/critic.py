@@ -153,7 +153,8 @@ def split(prefixes: Sequence[ProbePrefix], held_out_problems: int, seed: int):
   """(train, held-out) by problem, so no held-out problem is ever trained on."""
   problems = sorted({p.problem_index for p in prefixes})
   rng = np.random.default_rng(seed + 1)
-  held = set(rng.choice(problems, min(held_out_problems, len(problems) - 1), replace=False).tolist())
+  count = min(held_out_problems, len(problems) - 1)
+  held = set(rng.choice(problems, count, replace=False).tolist())
   return ([p for p in prefixes if p.problem_index not in held],
           [p for p in prefixes if p.problem_index in held])
 
@@ -355,8 +356,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
   parser.add_argument('--out', default='', help='JSON file for the learning curve')
   parser.add_argument('--prefixes', default='',
-                      help='pickle of the labelled prefixes: read if it exists, else written (reuse '
-                           'one set across levers that leave the policy and the labels alone)')
+                      help='pickle of the labelled prefixes: read if it exists, else written '
+                           '(one set serves every lever that leaves the policy and labels alone)')
   args = parser.parse_args(argv)
   from absl import flags
   from ml_collections import config_flags
@@ -369,7 +370,8 @@ def main(argv: Sequence[str]) -> None:
   config = flag_values.config
   for item in args.set:
     _override(config, item)
-  settings = ProbeSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ProbeSettings)})
+  settings = ProbeSettings(**{f.name: getattr(args, f.name)
+                              for f in dataclasses.fields(ProbeSettings)})
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
   ctl_settings = experiment.controller_settings(config)
   t0 = time.time()

@@ -118,6 +118,7 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       'ready_problems': int(steps[-1].get('num_ready_problems', 0)),
       'first_ready_step': min(r['step'] for r in ready) if ready else None,
       'ready_fraction_second_half': float(np.mean(second)) if second else None,
-      'critic_scored_share': sum(r.get('routed_to_critic', 0) for r in steps) / rows if rows else None,
+      'critic_scored_share': (sum(r.get('routed_to_critic', 0) for r in steps) / rows
+                              if rows else None),
       'zero_variance_groups': float(np.mean(zero)) if zero else None,
   }
