@@ -96,4 +96,5 @@ def test_probe_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, readout
   assert [e['pairs'] for e in curve] == [0, 8, 16]
   for entry in curve:
     assert 0.0 <= entry['critic']['mae'] <= 1.0
+    assert 0.0 <= entry['fit']['mae'] <= 1.0
     assert entry['lookup']['invalid'] == 0

@@ -52,6 +52,9 @@ def _config(name='ac2', **extra):
     ('ac2', {'actor.learning_rate': 0.0}, 'config.actor.learning_rate must be > 0'),
     ('grpo', {'grpo.group_size': 1}, 'config.grpo.group_size must be >= 2, got 1'),
     ('ac2', {'task.name': 'proofs'}, 'the proof task needs config.model.init_checkpoint'),
+    ('ac2', {'task.rl_problems': 301}, 'config.task.rl_problems=301 is more than the 300'),
+    ('ac2', {'task.rl_problems': 3}, 'config.task.rl_problems=3 is fewer than the 4 distinct'),
+    ('grpo', {'task.rl_problems': -1}, 'config.task.rl_problems must be an integer >= 0'),
 ])
 def test_validate_names_the_key(name, extra, message):
   with pytest.raises(experiment.ConfigError) as e:

@@ -96,6 +96,20 @@ def test_one_step(train_base, tmp_path, monkeypatch, name):
     assert record['num_refills'] == record['buffer_size'] == c.controller.n_refill
 
 
+def test_rl_problems_is_the_pool_and_bank_from_data_seeds_the_bank(train_base, tmp_path):
+  c = tiny_config(train_base, 'ac2', task__rl_problems=6, controller__bank_from_data=True)
+  rt, algorithm, _ = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  first = rt.task.records('train')[:6]
+  assert [r.id for r in rt.train_records] == [r.id for r in first]
+  assert list(algorithm.controller.problem_ids) == [r.id for r in first]
+  assert len(rt.task.records('train')) == c.task.builtin_num_train
+  # Every problem starts with its data set's solution, in the form a passing rollout gives.
+  assert algorithm.controller.bank.items() == [(i, r.reference_solution)
+                                               for i, r in enumerate(first)]
+  assert rt.task.reference_from_response(first[0].reference_solution.replace(
+      '\n<answer>', '\n</think>\n\n<answer>')) == first[0].reference_solution
+
+
 @pytest.fixture(scope='module')
 def built(train_base, tmp_path_factory):
   """(config, runtime, state) of the tiny AC2 config with LengthCreditTask, built once."""

@@ -81,6 +81,10 @@ class AC2(base.Algorithm):
     self.use_critic = use_critic
     self.controller = ctl.Controller(settings, seed, [r.id for r in rt.train_records])
     self._index = {r.id: i for i, r in enumerate(rt.train_records)}
+    if settings.bank_from_data:
+      self.controller.bank.load_items([(i, r.reference_solution)
+                                       for i, r in enumerate(rt.train_records)
+                                       if r.reference_solution])
 
   def state_dict(self) -> dict:
     return self.controller.state_dict()

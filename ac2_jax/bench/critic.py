@@ -45,6 +45,10 @@ class ProbeSettings:
   pairs: int = 2_000             # critic pair-updates (a record under both prompts is one pair)
   pairs_per_update: int = 32
   eval_every: int = 500          # pairs between evaluations
+  # Training prefixes also evaluated (the fit): a critic that does not fit the prefixes it trains
+  # on cannot learn them (capacity, rate, too few pairs); one that fits but fails on the held-out
+  # ones memorises.
+  fit_prefixes: int = 128
   learning_rate: float = 0.0     # 0: the run's initial critic learning rate
   # Critic warm-up on the SFT corpus first (exact expected values under the corpus's per-step
   # mistake rate, no rollouts needed): pairs and that mistake rate.
@@ -292,11 +296,19 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   constant = lookup.mean
   records = records_for(rt, train)
   rng = np.random.default_rng(settings.seed + 2)
+  fit_set = [train[i] for i in np.sort(rng.choice(len(train), min(settings.fit_prefixes,
+                                                                   len(train)), replace=False))]
   curve, done, start = [], 0, time.time()
 
   def report():
     c, l = evaluate(rt, state.params, held, read, lookup, constant, tau_local)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
+    fit_log = ''
+    if fit_set:
+      fit, _ = evaluate(rt, state.params, fit_set, read, lookup, constant, tau_local)
+      entry['fit'] = fit
+      fit_log = (f'  fit: MAE {fit["mae"]:.3f} (constant {fit["mae_constant"]:.3f}) corr '
+                 f'{fit["corr"]:+.3f}')
     curve.append(entry)
     if on_report is not None:
       on_report(curve)
@@ -305,7 +317,8 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
         f'under tau_local {c["under_tau_local"]:.2f} (constant '
         f'{c["under_tau_local_constant"]:.2f}, lookup {l["under_tau_local"]:.2f})  '
         f'corr {c["corr"]:+.3f} (lookup {l["corr"]:+.3f})  chunk-adv corr '
-        f'{c["chunk_adv_corr"]:+.3f} (lookup {l["chunk_adv_corr"]:+.3f})  invalid {c["invalid"]}')
+        f'{c["chunk_adv_corr"]:+.3f} (lookup {l["chunk_adv_corr"]:+.3f})  invalid {c["invalid"]}'
+        + fit_log)
     return entry
 
   report()

@@ -60,6 +60,9 @@ class ControllerSettings:
   correct_only: bool = False
   no_local_readiness: bool = False
   no_reference: bool = False
+  # The bank starts with the data set's reference solutions, where the task has them (the paper
+  # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
+  bank_from_data: bool = False
   # Critic learning-rate controller (item 10).
   critic_lr_init: float = 2.0 * _SQRT2 * 1e-6
   critic_lr_floor: float = 5.0 * _SQRT2 * 1e-7

@@ -71,9 +71,19 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                   train_sampling: sampling.SamplingSettings,
                   eval_sampling: sampling.SamplingSettings, max_total_len: int,
                   max_sample_batch: int, actor_minibatches: int,
-                  state: state_lib.TrainState, critic_readout: str = 'greedy') -> Runtime:
-  """The runtime, with the actor and critic steps jitted for `state`'s shardings."""
+                  state: state_lib.TrainState, critic_readout: str = 'greedy',
+                  train_problems: int = 0) -> Runtime:
+  """The runtime, with the actor and critic steps jitted for `state`'s shardings.
+
+  `train_problems` > 0 keeps the first that many training problems: the pool the RL steps draw
+  from (the warm start is built before, from the whole split).
+  """
   train_records, val_records = task.records('train'), task.records('validation')
+  if train_problems:
+    if train_problems > len(train_records):
+      raise ValueError(f'train_problems={train_problems} but the task has only '
+                       f'{len(train_records)} training problems')
+    train_records = train_records[:train_problems]
   prompts = lambda records: [np.asarray(task.prompt_ids(tokenizer, r), np.int32) for r in records]
   train_prompts = prompts(train_records)
   state_shardings = sharding.param_shardings(state, mesh)

@@ -44,6 +44,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.builtin_modulus = 7       # prime modulus (difficulty)
   c.task.builtin_ops = '+-'        # operations drawn from '+-*' (difficulty)
   c.task.builtin_num_train = 20_000
+  # Training problems the RL steps draw from: the first N of the train split; 0 = all. A problem
+  # becomes ready only from its own critic errors, so it must come back within the run: 60 steps
+  # of 16 refills over 20,000 problems meet each at most once (the warm start still learns from
+  # all of them).
+  c.task.rl_problems = 0
   c.task.builtin_num_validation = 256
   c.task.builtin_vocab_size = 512
   c.task.builtin_scoring = 'local'  # 'local' | 'leading' (ac2_jax/tasks/builtin.py says why)
@@ -102,6 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.correct_only = False
   c.controller.no_local_readiness = False
   c.controller.no_reference = False
+  c.controller.bank_from_data = False  # seed the reference bank with the data set's solutions
   c.controller.critic_lr_init = 2 * math.sqrt(2) * 1e-4
   # On the tiny CPU task the critic's update norm exceeds sqrt(2) x the actor's from the first
   # steps, so the paper's halving rule would take the rate to its floor at once; keep the floor near.

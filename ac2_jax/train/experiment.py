@@ -241,6 +241,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   else:
     _choice('model.preset', c.model.preset, models.PRESET_NAMES)
   for key, value in (('model.logits_chunk', c.model.logits_chunk),
+                     ('task.rl_problems', c.task.rl_problems),
                      ('actor.micro_batch', c.actor.micro_batch),
                      ('critic.max_context', c.critic.max_context)):
     if not (isinstance(value, int) and value >= 0):
@@ -251,6 +252,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   ctl_settings = controller_settings(c)
   grpo = grpo_settings(c) if c.algorithm == 'grpo' else None
   _check_learns(c, ctl_settings)
+  per_step = c.grpo.problems_per_step if c.algorithm == 'grpo' else c.controller.n_refill
+  if 0 < c.task.rl_problems < per_step:
+    raise ConfigError(f'config.task.rl_problems={c.task.rl_problems} is fewer than the '
+                      f'{per_step} distinct problems a step draws')
   mesh = sharding.MeshConfig(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
   devices = num_devices or jax.device_count()
   with _section('mesh'):
@@ -264,6 +269,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
     if not (isinstance(c.task.builtin_vocab_size, int) and c.task.builtin_vocab_size >= 1):
       raise ConfigError(f'config.task.builtin_vocab_size must be an integer >= 1, '
                         f'got {c.task.builtin_vocab_size!r}')
+    if c.task.rl_problems > c.task.builtin_num_train:
+      raise ConfigError(f'config.task.rl_problems={c.task.rl_problems} is more than the '
+                        f'{c.task.builtin_num_train} training problems (task.builtin_num_train)')
     if not c.model.init_checkpoint:
       sft = sft_settings(c)
   else:
@@ -396,7 +404,8 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       train_sampling=dataclasses.replace(s.train_sampling, valid_vocab_size=valid_vocab),
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
-      actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout)
+      actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
+      train_problems=c.task.rl_problems)
 
   if c.algorithm == 'grpo':
     algorithm = grpo_lib.GRPO(rt, s.grpo, s.controller, c.seed)
