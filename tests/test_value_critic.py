@@ -2,24 +2,28 @@
 
 One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 1 (the advantage
 identity A_t = R - V(s_t) and a whole step), the critic's frozen attention, and PACT's
-actor-then-critic order checked by hand from the stored log-probs. The task is
-`LengthCreditTask`, so rewards vary and the actor has real gradients.
+actor-then-critic order checked by hand from the stored log-probs. PPO at its default lambda runs
+end to end through `loop.train`, stopped and resumed. The task is `LengthCreditTask`, so rewards
+vary and the actor has real gradients.
 """
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ac2_jax import models
 from ac2_jax.algorithms import timing
+from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates, value_critic, value_rows
 from ac2_jax.models import value as value_model
 from ac2_jax.rl import critic_loss
-from ac2_jax.train import experiment
-from train_fixtures import (compile_cache, is_finite_number, length_credit_build_task,  # noqa: F401
-                            tiny_config, train_base)
+from ac2_jax.train import checkpointing, experiment, loop
+from train_fixtures import (comparable, compile_cache, is_finite_number,  # noqa: F401
+                            length_credit_build_task, read_records, tiny_config, train_base)
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
@@ -176,3 +180,53 @@ def test_pact_critic_learns_from_the_updated_policy(pact_built):
   assert abs(float(rho_before.mean()) - metrics['pact/rho_mean']) > 1e-4
   assert metrics['critic/update_norm'] > 0 and metrics['actor1/update_norm'] > 0
   assert is_finite_number(metrics['critic/loss']) and is_finite_number(metrics['critic_error'])
+
+
+def _restore(c, workdir, sft_dir):
+  """(step, state) of the latest checkpoint of a PPO run, restored onto one device."""
+  model_config, params = models.load_hf_checkpoint(sft_dir)
+  value = experiment.value_settings(c)
+  value_params = value_model.init_value_params(model_config, params, jax.random.key(0))
+  target = value_critic.init_state(params, value_params, state_lib.OptimSettings(), value)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  try:
+    step, state, _ = ckpt.restore(target)
+  finally:
+    ckpt.close()
+  return step, _host(state), target
+
+
+def test_ppo_stop_and_resume_equals_uninterrupted(train_base, tmp_path, monkeypatch):
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, 'ppo', num_steps=2, **{f'ppo__{k}': v for k, v in ROWS.items()})
+  assert c.ppo.lam < 1.0  # the default GAE, beside the lambda = 1 tests above
+  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+  summary = loop.train(c, straight, log=lambda *_: None)
+  assert summary.last_step == 2 and summary.finished
+  assert loop.train(c, resumed, stop_after=1, log=lambda *_: None).last_step == 1
+  lines = []
+  assert loop.train(c, resumed, log=lines.append).last_step == 2
+  assert any(m.startswith('resumed from step 1') for m in lines)
+
+  a, b = read_records(straight), read_records(resumed)
+  assert sorted(a) == sorted(b) == [0, 1, 2]
+  for step in (1, 2):
+    assert comparable(a[step]) == comparable(b[step]), f'step {step} differs after resuming'
+    for key in ('critic/loss', 'critic_error', 'actor1/grad_norm', 'critic/update_norm'):
+      assert is_finite_number(a[step][key]) and a[step][key] != 0, (step, key)
+  assert is_finite_number(summary.final_score)
+
+  step_a, state_a, init = _restore(c, straight, train_base[1])
+  step_b, state_b, _ = _restore(c, resumed, train_base[1])
+  assert step_a == step_b == 2
+  leaves_a, tree_a = jax.tree.flatten(state_a)
+  leaves_b, tree_b = jax.tree.flatten(state_b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(x, y)
+  # The critic's body (it started as the policy) really trained, so equal critic parameters
+  # mean something.
+  body = lambda p: {k: v for k, v in p.items() if k != value_model.HEAD}
+  moved = jax.tree.map(lambda x, y: float(np.max(np.abs(x - np.asarray(y)))),
+                       body(state_a.value_params), body(init.value_params))
+  assert max(jax.tree.leaves(moved)) > 0
