@@ -95,9 +95,12 @@ def value_optimizer(s: ValueSettings) -> optax.GradientTransformation:
 
 def init_state(params, value_params, optim: state_lib.OptimSettings,
                value: ValueSettings) -> ActorCriticState:
-  base = state_lib.init_state(params, optim)
-  return ActorCriticState(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
-                          value_params=value_params,
+  """The policy's state with the value critic beside it. AC2's prompt critic (`critic_opt_state`)
+  has no optimizer state here: its Adam moments would be two policy-sized trees never used."""
+  return ActorCriticState(params=params,
+                          actor_opt_state=state_lib.actor_optimizer(optim).init(params),
+                          critic_opt_state=optax.EmptyState(),
+                          step=jnp.zeros((), jnp.int32), value_params=value_params,
                           value_opt_state=value_optimizer(value).init(value_params))
 
 

@@ -135,7 +135,8 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
   devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count())
   return dry_run.Plan(model=model, model_source=source,
                       mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
-                      sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]))
+                      sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]),
+                      value=value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None)
 
 
 @contextlib.contextmanager
