@@ -1,39 +1,40 @@
 """The separate value-head critic and the algorithms on it (PPO with GAE, PACT), on the tiny model.
 
 One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 1 (the advantage
-identity A_t = R - V(s_t) and a whole step), the critic's frozen attention, and PACT's
-actor-then-critic order checked by hand from the stored log-probs. PPO at its default lambda runs
-end to end through `loop.train`, stopped and resumed. The task is `LengthCreditTask`, so rewards
-vary and the actor has real gradients.
+identity A_t = R - V(s_t) and a whole step); PPO at its default lambda stopped after a step and
+resumed from an orbax checkpoint; one PACT step with the critic's attention frozen (its
+actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters). The task is `LengthCreditTask`, so
+rewards vary and the actor has real gradients.
 """
 
 import dataclasses
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ac2_jax import models
+from ac2_jax.algorithms import ppo as ppo_lib
 from ac2_jax.algorithms import timing
-from ac2_jax.learner import state as state_lib
-from ac2_jax.learner import updates, value_critic, value_rows
+from ac2_jax.learner import updates, value_critic
 from ac2_jax.models import value as value_model
 from ac2_jax.rl import critic_loss
-from ac2_jax.train import checkpointing, experiment, loop
+from ac2_jax.train import checkpointing, experiment
 from train_fixtures import (comparable, compile_cache, is_finite_number,  # noqa: F401
-                            length_credit_build_task, read_records, tiny_config, train_base)
+                            length_credit_build_task, tiny_config, train_base)
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
 # 4 problems x 2 responses: one 8-row batch over the 8 test devices, two 4-row minibatches.
 ROWS = {'problems_per_step': 4, 'responses_per_problem': 2}
+# Responses of at most 16 tokens (cut short: LengthCreditTask still varies their rewards): every
+# batch of every step then pads to one length bucket, so each jitted program compiles once.
+BUDGET = 16
 
 
 def _build(train_base, tmp_path_factory, name, arg=''):
   extra = {f'{name}__{k}': v for k, v in ROWS.items()}
+  extra['controller__response_budget'] = BUDGET
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
     c = tiny_config(train_base, name, arg, **extra)
@@ -48,8 +49,13 @@ def ppo_built(train_base, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def pact_built(train_base, tmp_path_factory):
-  return _build(train_base, tmp_path_factory, 'pact')
+def pact_stepped(train_base, tmp_path_factory):
+  """PACT with the critic's attention frozen, and one step of it: (config, runtime, algorithm,
+  state before, state after, metrics)."""
+  c, rt, algorithm, state = _build(train_base, tmp_path_factory, 'pact', 'frozen')
+  assert rt.value_settings.freeze_attention
+  new_state, metrics = algorithm.step(rt, _copy(state), 1, experiment.step_key(c.seed, 1))
+  return c, rt, algorithm, state, new_state, metrics
 
 
 def _copy(tree):
@@ -63,6 +69,11 @@ def _host(tree):
 
 def _tokens(row):
   return jnp.asarray(np.concatenate([row.context_P, row.new_N])[None])
+
+
+# One row at a time, unpadded: independent of the batch layout the algorithms use.
+_row_value_logits = jax.jit(value_model.value_logits, static_argnums=0)
+_row_logprobs = jax.jit(updates.sequence_logprobs, static_argnums=(0, 3))
 
 
 def test_clipped_value_loss_by_hand():
@@ -93,7 +104,7 @@ def test_ppo_lambda1_advantages_are_reward_minus_value_and_a_step_trains(ppo_bui
     np.testing.assert_allclose(ret, np.full(n, reward), rtol=0, atol=1e-6)
     # V(s_t) of token t is the head at position t - 1: the first generated token is valued by
     # the last context token.
-    z = np.asarray(value_model.value_logits(rt.model_config, state.value_params, _tokens(row)))
+    z = np.asarray(_row_value_logits(rt.model_config, state.value_params, _tokens(row)))
     c0 = len(row.context_P)
     np.testing.assert_allclose(values, z[0, c0 - 1:c0 - 1 + n], rtol=1e-5, atol=1e-6)
 
@@ -112,20 +123,11 @@ def test_ppo_lambda1_advantages_are_reward_minus_value_and_a_step_trains(ppo_bui
   assert int(new_state.step) == 2  # two actor minibatches
 
 
-def test_frozen_attention_leaves_attention_bitwise_unchanged(ppo_built):
-  c, rt, algorithm, state = ppo_built
-  frozen = dataclasses.replace(rt.value_settings, freeze_attention=True)
-  data, returns = algorithm.rollouts(rt, state, 1, experiment.step_key(c.seed, 1),
-                                     timing.PhaseTimer())
-  masks = [np.ones_like(v) for v in data.values]
-  batch = value_rows.value_batch(rt, data.rows, returns, masks, data.values)
-  start = value_critic.init_state(state.params, state.value_params,
-                                  rt.update_settings.optim, frozen)
-  step = jax.jit(lambda s, b: value_critic.value_update(rt.update_settings, frozen, s, b))
-  new, metrics = step(start, batch)
-  assert float(metrics['skipped']) == 0.0
-  before = jax.tree_util.tree_leaves_with_path(_host(start.value_params))
-  after = jax.tree.leaves(_host(new.value_params))
+def test_frozen_attention_leaves_attention_bitwise_unchanged(pact_stepped):
+  _, rt, _, state, new_state, metrics = pact_stepped
+  assert metrics['critic/update_norm'] > 0 and metrics['critic/skipped'] == 0.0
+  before = jax.tree_util.tree_leaves_with_path(_host(state.value_params))
+  after = jax.tree.leaves(_host(new_state.value_params))
   frozen_names, trained_changed = [], []
   for (path, x), y in zip(before, after):
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
@@ -139,19 +141,16 @@ def test_frozen_attention_leaves_attention_bitwise_unchanged(ppo_built):
   assert 'value_head/kernel' in trained_changed
   assert any('/mlp/' in n for n in trained_changed)
   # Frozen parameters hold no Adam moments.
-  adam_leaves = len(jax.tree.leaves(start.value_opt_state))
-  unfrozen = value_critic.init_state(state.params, state.value_params, rt.update_settings.optim,
-                                     rt.value_settings)
-  assert adam_leaves < len(jax.tree.leaves(unfrozen.value_opt_state))
+  unfrozen = dataclasses.replace(rt.value_settings, freeze_attention=False)
+  moments = lambda settings: len(jax.tree.leaves(jax.eval_shape(
+      value_critic.value_optimizer(settings).init, state.value_params)))
+  assert moments(rt.value_settings) < moments(unfrozen)
 
 
-def test_pact_critic_learns_from_the_updated_policy(pact_built):
-  c, rt, algorithm, state = pact_built
-  key = experiment.step_key(c.seed, 1)
-  before = _copy(state)
-  new_state, metrics = algorithm.step(rt, _copy(state), 1, key)
+def test_pact_critic_learns_from_the_updated_policy(pact_stepped):
+  c, rt, algorithm, before, new_state, metrics = pact_stepped
   # The same rows again (generation is a pure function of params and key).
-  data = algorithm.rollouts(rt, before, 1, key, timing.PhaseTimer())
+  data = algorithm.rollouts(rt, before, 1, experiment.step_key(c.seed, 1), timing.PhaseTimer())
   for row, v, reward in zip(data.rows, data.values, data.rewards_R):
     np.testing.assert_allclose(row.advantages_N, reward - v, atol=1e-6)
     assert np.all((v > 0) & (v < 1))  # a sigmoid critic
@@ -159,8 +158,8 @@ def test_pact_critic_learns_from_the_updated_policy(pact_built):
   def by_hand(params):
     rho, keep, targets = [], [], []
     for row, reward in zip(data.rows, data.rewards_R):
-      logp = np.asarray(updates.sequence_logprobs(rt.model_config, params, _tokens(row),
-                                                  rt.update_settings.temperature))[0]
+      logp = np.asarray(_row_logprobs(rt.model_config, params, _tokens(row),
+                                      rt.update_settings.temperature))[0]
       c0 = len(row.context_P)
       r = np.exp(logp[c0:c0 + len(row.new_N)] - row.logprobs_N)
       k = (r >= 0) & (r <= algorithm.settings.max_ratio)
@@ -183,55 +182,44 @@ def test_pact_critic_learns_from_the_updated_policy(pact_built):
   assert is_finite_number(metrics['critic/loss']) and is_finite_number(metrics['critic_error'])
 
 
-def _restore(c, workdir, sft_dir):
-  """(step, state) of the latest checkpoint of a PPO run, restored onto one device."""
-  model_config, params = models.load_hf_checkpoint(sft_dir)
-  value = experiment.value_settings(c)
-  value_params = value_model.init_value_params(model_config, params, jax.random.key(0))
-  target = value_critic.init_state(params, value_params, state_lib.OptimSettings(), value)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
-  try:
-    step, state, _ = ckpt.restore(target)
-  finally:
-    ckpt.close()
-  return step, _host(state), target
-
-
-def test_ppo_stop_and_resume_equals_uninterrupted(train_base, tmp_path, monkeypatch):
-  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
-  c = tiny_config(train_base, 'ppo', num_steps=2, checkpoint_every=1,
-                  **{f'ppo__{k}': v for k, v in ROWS.items()})
-  assert c.ppo.lam < 1.0  # the default GAE, beside the lambda = 1 tests above
-  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  summary = loop.train(c, straight, log=lambda *_: None)
-  assert summary.last_step == 2 and summary.finished
-  # A run stopped after step 1: the straight run's workdir as it was then (its step-1 checkpoint,
-  # saved as every checkpoint is; the later records are what a resume truncates).
-  shutil.copytree(straight, resumed)
-  shutil.rmtree(os.path.join(resumed, 'checkpoints', '2'))
-  lines = []
-  assert loop.train(c, resumed, log=lines.append).last_step == 2
-  assert any(m.startswith('resumed from step 1') for m in lines)
-
-  a, b = read_records(straight), read_records(resumed)
-  assert sorted(a) == sorted(b) == [0, 1, 2]
+def test_ppo_resume_from_a_checkpoint_equals_uninterrupted(ppo_built, tmp_path):
+  """Steps 1-2 straight, against step 1, an orbax checkpoint of the state and the host state
+  (what loop.train saves), a fresh PPO restored from it, and step 2. The default GAE lambda."""
+  c, rt, built, state = ppo_built
+  settings = dataclasses.replace(built.settings, lam=0.95)
+  make = lambda: ppo_lib.PPO(rt, settings, experiment.validate(c).controller, c.seed)
+  keys = {step: experiment.step_key(c.seed, step) for step in (1, 2)}
+  straight, records = make(), {}
+  state_a = _copy(state)
   for step in (1, 2):
-    assert comparable(a[step]) == comparable(b[step]), f'step {step} differs after resuming'
-    for key in ('critic/loss', 'critic_error', 'actor1/grad_norm', 'critic/update_norm'):
-      assert is_finite_number(a[step][key]) and a[step][key] != 0, (step, key)
-  assert is_finite_number(summary.final_score)
+    state_a, records[step] = straight.step(rt, state_a, step, keys[step])
 
-  step_a, state_a, init = _restore(c, straight, train_base[1])
-  step_b, state_b, _ = _restore(c, resumed, train_base[1])
-  assert step_a == step_b == 2
-  leaves_a, tree_a = jax.tree.flatten(state_a)
-  leaves_b, tree_b = jax.tree.flatten(state_b)
-  assert tree_a == tree_b
-  for x, y in zip(leaves_a, leaves_b):
+  first = make()
+  state_b, record_1 = first.step(rt, _copy(state), 1, keys[1])
+  ckpt = checkpointing.Checkpointer(str(tmp_path / 'checkpoints'))
+  ckpt.save(1, state_b, {'algorithm': first.state_dict()})
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        state_b)
+  del state_b, first  # the run stops: nothing of it but the checkpoint survives
+  step, restored, host = ckpt.restore(target)
+  ckpt.close()
+  assert step == 1 and isinstance(restored, value_critic.ActorCriticState)
+  resumed = make()
+  resumed.load_state_dict(host['algorithm'])
+  state_b, record_2 = resumed.step(rt, restored, 2, keys[2])
+
+  for step, record in ((1, record_1), (2, record_2)):
+    assert comparable(record) == comparable(records[step]), f'step {step} differs'
+    for key in ('critic/loss', 'critic_error', 'actor1/grad_norm', 'critic/update_norm'):
+      assert is_finite_number(record[key]) and record[key] != 0, (step, key)
+  a, b = _host(state_a), _host(state_b)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-  # The critic's body (it started as the policy) really trained, so equal critic parameters
-  # mean something.
-  body = lambda p: {k: v for k, v in p.items() if k != value_model.HEAD}
-  moved = jax.tree.map(lambda x, y: float(np.max(np.abs(x - np.asarray(y)))),
-                       body(state_a.value_params), body(init.value_params))
-  assert max(jax.tree.leaves(moved)) > 0
+  # The critic's body (it started as the policy) trained, so equal critic parameters mean
+  # something; so did the policy.
+  start = _host(state)
+  for part in ('value_params', 'params'):
+    moved = jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))),
+                         getattr(a, part), getattr(start, part))
+    assert max(jax.tree.leaves(moved)) > 0, part

@@ -51,7 +51,8 @@ class Runtime:
   # The separate value-head critic (learner/value_critic.py), when the state carries one.
   value_settings: value_critic.ValueSettings | None = None
   value_step: Callable | None = None      # (state, ValueBatch) -> (state, metrics)
-  value_predict: Callable | None = None   # (value_params, tokens_BxT) -> V(s_t) [B, T]
+  # (value_params, tokens_BxT) -> head outputs at V(s_t)'s positions [B, T] (value_critic.link)
+  value_logits: Callable | None = None
   policy_logprobs: Callable | None = None  # (params, tokens_BxT) -> log pi(token t) [B, T]
 
   @property
@@ -101,8 +102,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
         functools.partial(value_critic.value_update, update_settings, value_settings),
         in_shardings=(state_shardings, batch), out_shardings=(state_shardings, scalar),
         donate_argnums=0)
-    value_fns['value_predict'] = jax.jit(
-        functools.partial(value_critic.predict, model_config, value_settings),
+    value_fns['value_logits'] = jax.jit(
+        functools.partial(value_critic.state_logits, model_config),
         in_shardings=(state_shardings.value_params, batch), out_shardings=batch)
     value_fns['policy_logprobs'] = jax.jit(
         lambda params, tokens_BxT: updates.sequence_logprobs(

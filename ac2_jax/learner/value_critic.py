@@ -104,8 +104,9 @@ def init_state(params, value_params, optim: state_lib.OptimSettings,
                           value_opt_state=value_optimizer(value).init(value_params))
 
 
-def _state_logits(model_config, value_params, tokens_BxT):
-  """Head outputs aligned to tokens: entry t reads position t - 1 (the state before token t)."""
+def state_logits(model_config, value_params, tokens_BxT):
+  """Head outputs aligned to tokens: entry t reads position t - 1 (the state before token t);
+  `link` turns them into V(s_t)."""
   z_BxT = value_model.value_logits(model_config, value_params, tokens_BxT)
   return jnp.pad(z_BxT[:, :-1], ((0, 0), (1, 0)))
 
@@ -113,11 +114,6 @@ def _state_logits(model_config, value_params, tokens_BxT):
 def link(value: ValueSettings, z_BxT):
   """The value a head output stands for: z itself (linear head) or sigmoid(z) (soft BCE)."""
   return jax.nn.sigmoid(z_BxT) if value.loss == 'soft_bce' else z_BxT
-
-
-def predict(model_config, value: ValueSettings, value_params, tokens_BxT):
-  """V(s_t) aligned to tokens, float32 [B, T] (meaningful where a loss mask would be 1)."""
-  return link(value, _state_logits(model_config, value_params, tokens_BxT))
 
 
 def value_update(settings: updates.UpdateSettings, value: ValueSettings,
@@ -129,7 +125,7 @@ def value_update(settings: updates.UpdateSettings, value: ValueSettings,
       # No gradient is computed for the frozen parameters at all (their update is zero anyway).
       value_params = jax.tree_util.tree_map_with_path(
           lambda path, x: jax.lax.stop_gradient(x) if is_frozen(path) else x, value_params)
-    z_BxT = _state_logits(settings.model, value_params, mb.tokens_BxT)
+    z_BxT = state_logits(settings.model, value_params, mb.tokens_BxT)
     if value.loss == 'soft_bce':
       loss_sum, count = critic_loss.soft_bce_loss(z_BxT, mb.targets_BxT, mb.mask_BxT)
     else:

@@ -34,7 +34,8 @@ def read_values(rt: Runtime, value_params, rows: Sequence[rows_lib.Row]) -> list
   if not rows:
     return []
   tokens_BxT = rows_lib.actor_batch(rt, rows).tokens_BxT
-  return _per_row(rows, rt.value_predict(value_params, tokens_BxT))
+  return _per_row(rows, value_critic.link(rt.value_settings,
+                                          rt.value_logits(value_params, tokens_BxT)))
 
 
 def read_logprobs(rt: Runtime, params, rows: Sequence[rows_lib.Row]) -> list[np.ndarray]:
