@@ -19,9 +19,9 @@ from ac2_jax.algorithms import timing
 from ac2_jax.learner import updates, value_critic
 from ac2_jax.models import value as value_model
 from ac2_jax.rl import critic_loss
-from ac2_jax.train import checkpointing, experiment
+from ac2_jax.train import bench_setting, checkpointing, compare, experiment
 from train_fixtures import (comparable, compile_cache, is_finite_number,  # noqa: F401
-                            length_credit_build_task, tiny_config, train_base)
+                            length_credit_build_task, load_config, tiny_config, train_base)
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
@@ -223,3 +223,15 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted(ppo_built, tmp_path):
     moved = jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))),
                          getattr(a, part), getattr(start, part))
     assert max(jax.tree.leaves(moved)) > 0, part
+
+
+def test_compare_and_config_arguments_reach_ppo_and_pact():
+  m = compare.parse_method('ppo:lambda1+frozen')
+  c = load_config(m.config_name, m.config_arg('bench'))
+  assert (c.algorithm, c.ppo.lam, c.value_critic.freeze_attention) == ('ppo', 1.0, True)
+  assert c.num_steps == bench_setting.apply_bench(load_config('grpo')).num_steps
+  c = load_config(compare.parse_method('pact').config_name, 'qwen3_4b')
+  assert (c.algorithm, c.actor.learning_rate, c.value_critic.learning_rate) == ('pact', 1e-6, 5e-6)
+  assert c.pact.problems_per_step * c.pact.responses_per_problem == 256 * 16
+  with pytest.raises(ValueError, match='unknown PPO config arguments'):
+    load_config('ppo', 'no_audit')

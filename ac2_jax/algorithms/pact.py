@@ -52,15 +52,12 @@ class CriticTargets:
 class PACT(base.Algorithm):
 
   def __init__(self, rt: Runtime, settings: PACTSettings, seed: int):
-    value_steps.check_runtime(rt, 'PACT')
+    value_steps.check_setup(rt, 'PACT', settings)
     if rt.value_settings.loss != 'soft_bce':
       raise ValueError('PACT needs the sigmoid critic (value loss soft_bce), got '
                        f'{rt.value_settings.loss!r}')
     if rt.update_settings.policy_loss != 'dis':
       raise ValueError(f'PACT trains its actor with DIS, got {rt.update_settings.policy_loss!r}')
-    if settings.problems_per_step > len(rt.train_records):
-      raise ValueError(f'PACT: problems_per_step={settings.problems_per_step} exceeds the '
-                       f'{len(rt.train_records)} training problems')
     self.settings = settings
     self.seed = seed
 

@@ -52,10 +52,7 @@ def gae_advantages(data: value_steps.Rollouts, gamma: float, lam: float
 class PPO(base.Algorithm):
 
   def __init__(self, rt: Runtime, settings: PPOSettings, entropy: ControllerSettings, seed: int):
-    value_steps.check_runtime(rt, 'PPO')
-    if settings.problems_per_step > len(rt.train_records):
-      raise ValueError(f'PPO: problems_per_step={settings.problems_per_step} exceeds the '
-                       f'{len(rt.train_records)} training problems')
+    value_steps.check_setup(rt, 'PPO', settings)
     self.settings = settings
     self.seed = seed
     self.entropy = EntropyController(entropy)

@@ -61,9 +61,13 @@ class Rollouts:
     return x_RxN, mask_RxN
 
 
-def check_runtime(rt: Runtime, name: str) -> None:
+def check_setup(rt: Runtime, name: str, s: RolloutSettings) -> None:
+  """What a value-critic algorithm needs of its runtime and its training problems."""
   if rt.value_step is None:
     raise ValueError(f'{name} needs the value critic: build the runtime with value_settings')
+  if s.problems_per_step > len(rt.train_records):
+    raise ValueError(f'{name}: problems_per_step={s.problems_per_step} exceeds the '
+                     f'{len(rt.train_records)} training problems')
 
 
 def sample(rt: Runtime, params, s: RolloutSettings, seed: int, purpose: str, step: int,
