@@ -32,7 +32,8 @@ def _config(name='ac2', **extra):
 
 
 @pytest.mark.parametrize('name, extra, message', [
-    ('ac2', {'algorithm': 'foo'}, "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo')"),
+    ('ac2', {'algorithm': 'foo'},
+     "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact')"),
     ('ac2', {'model.preset': 'nope'}, 'config.model.preset must be one of'),
     ('ac2', {'controller.tau_global': -1.0}, 'tau_global must lie in (0, 1], got -1.0'),
     ('ac2', {'controller.chunk_size': -16}, 'chunk_size must be an integer >= 1, got -16'),
@@ -51,6 +52,11 @@ def _config(name='ac2', **extra):
      'config.controller.group_size must be >= 2 for ac2'),
     ('ac2', {'actor.learning_rate': 0.0}, 'config.actor.learning_rate must be > 0'),
     ('grpo', {'grpo.group_size': 1}, 'config.grpo.group_size must be >= 2, got 1'),
+    ('ppo', {'ppo.lam': 1.5}, 'config.ppo: lam must lie in [0, 1], got 1.5'),
+    ('ppo', {'value_critic.updates': 0}, 'config.ppo: critic_updates must be >= 1, got 0'),
+    ('ppo', {'value_critic.learning_rate': 0.0},
+     'config.value_critic: learning_rate must be > 0, got 0.0'),
+    ('pact', {'pact.dis_low': 1.2}, 'config.pact: the DIS band must satisfy 0 <= dis_low < 1'),
     ('ac2', {'task.name': 'proofs'}, 'the proof task needs config.model.init_checkpoint'),
 ])
 def test_validate_names_the_key(name, extra, message):
@@ -60,10 +66,12 @@ def test_validate_names_the_key(name, extra, message):
 
 
 def test_validate_accepts_every_config_file():
-  for name in ('ac2', 'grpo', 'prefix_grpo'):
+  for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact'):
     s = experiment.validate(_config(name), num_devices=1)
     assert s.sft is not None and s.chain is not None and s.mesh_shape == (1, 1, 1)
     assert (s.grpo is not None) == (name == 'grpo')
+    assert (s.ppo is not None, s.pact is not None) == (name == 'ppo', name == 'pact')
+    assert (s.value is not None) == (name in ('ppo', 'pact'))
 
 
 def test_resume_guard_lists_the_differing_keys(tmp_path):

@@ -225,6 +225,22 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted(ppo_built, tmp_path):
     assert max(jax.tree.leaves(moved)) > 0, part
 
 
+def test_ppo_critic_warmup_trains_the_critic_only_k_times_per_minibatch(ppo_built):
+  c, rt, built, state = ppo_built
+  settings = dataclasses.replace(built.settings, critic_warmup_steps=1, critic_updates=2)
+  warm = ppo_lib.PPO(rt, settings, experiment.validate(c).controller, c.seed)
+  before = _host(state)
+  new_state, metrics = warm.step(rt, _copy(state), 1, experiment.step_key(c.seed, 1))
+  after = _host(new_state)
+  for x, y in zip(jax.tree.leaves(before.params), jax.tree.leaves(after.params)):
+    assert x.tobytes() == y.tobytes()
+  assert int(new_state.step) == 0 and metrics['critic_warmup'] == 1.0
+  assert not [k for k in metrics if k.startswith('actor')]
+  assert metrics['critic/updates'] == 2 * rt.actor_minibatches and metrics['critic/skipped'] == 0
+  assert not np.array_equal(before.value_params['value_head']['kernel'],
+                            after.value_params['value_head']['kernel'])
+
+
 def test_compare_and_config_arguments_reach_ppo_and_pact():
   m = compare.parse_method('ppo:lambda1+frozen')
   c = load_config(m.config_name, m.config_arg('bench'))

@@ -106,9 +106,10 @@ def critic_updates(rt: Runtime, state, s: RolloutSettings, data: Rollouts, minib
 
 
 def mean_update_metrics(host_list: list[dict]) -> dict:
-  """Means over several updates' host metrics (`skipped` summed: updates that were skipped)."""
+  """Means over several updates' host metrics (`skipped` summed: updates that were skipped), and
+  how many updates there were."""
   keys = sorted({k for m in host_list for k in m})
-  out = {}
+  out = {'updates': len(host_list)}
   for k in keys:
     xs = [m[k] for m in host_list if k in m]
     out[k] = float(np.sum(xs)) if k.startswith('skipped') else float(np.mean(xs))
