@@ -3,8 +3,10 @@
 One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 1 (the advantage
 identity A_t = R - V(s_t) and a whole step); PPO at its default lambda stopped after a step and
 resumed from an orbax checkpoint; one PACT step with the critic's attention frozen (its
-actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters). The task is `LengthCreditTask`, so
-rewards vary and the actor has real gradients.
+actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters).
+Responses are cut at 16 tokens so that every batch pads to one length bucket and each jitted
+program compiles once. The task is `LengthCreditTask`, so rewards vary and the actor has real
+gradients.
 """
 
 import dataclasses
