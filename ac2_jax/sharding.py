@@ -83,6 +83,8 @@ DEFAULT_RULES = (
     Rule(r'mlp/(gate|up)_proj/kernel', ('fsdp', 'tensor')),          # [E, F]
     Rule(r'mlp/down_proj/kernel', ('tensor', 'fsdp')),               # [F, E]
     Rule(r'lm_head/kernel', ('fsdp', 'tensor'), optional=True),      # [E, V]
+    # The value network's scalar head (models/value.py); its bias is a scalar, replicated.
+    Rule(r'value_head/kernel', ('fsdp',), optional=True),            # [E]
     # RMSNorm scales are tiny: replicate.
     Rule(r'(input_layernorm|post_attention_layernorm|q_norm|k_norm|norm)/scale', (None,)),
 )

@@ -32,7 +32,8 @@ def _config(name='ac2', **extra):
 
 
 @pytest.mark.parametrize('name, extra, message', [
-    ('ac2', {'algorithm': 'foo'}, "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo')"),
+    ('ac2', {'algorithm': 'foo'},
+     "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact')"),
     ('ac2', {'model.preset': 'nope'}, 'config.model.preset must be one of'),
     ('ac2', {'controller.tau_global': -1.0}, 'tau_global must lie in (0, 1], got -1.0'),
     ('ac2', {'controller.chunk_size': -16}, 'chunk_size must be an integer >= 1, got -16'),
@@ -51,8 +52,13 @@ def _config(name='ac2', **extra):
      'config.controller.group_size must be >= 2 for ac2'),
     ('ac2', {'actor.learning_rate': 0.0}, 'config.actor.learning_rate must be > 0'),
     ('grpo', {'grpo.group_size': 1}, 'config.grpo.group_size must be >= 2, got 1'),
+    ('ppo', {'ppo.lam': 1.5}, 'config.ppo: lam must lie in [0, 1], got 1.5'),
+    ('ppo', {'value_critic.updates': 0}, 'config.ppo: critic_updates must be >= 1, got 0'),
+    ('ppo', {'value_critic.learning_rate': 0.0},
+     'config.value_critic: learning_rate must be > 0, got 0.0'),
+    ('pact', {'pact.dis_low': 1.2}, 'config.pact: the DIS band must satisfy 0 <= dis_low < 1'),
     ('ac2', {'task.name': 'proofs'}, 'the proof task needs config.model.init_checkpoint'),
-    ('ac2', {'task.rl_problems': 301}, 'config.task.rl_problems=301 is more than the 300'),
+    ('ppo', {'task.rl_problems': 8}, 'config.task.rl_problems=8 is fewer than the 16 distinct'),
     ('ac2', {'task.rl_problems': 3}, 'config.task.rl_problems=3 is fewer than the 4 distinct'),
     ('grpo', {'task.rl_problems': -1}, 'config.task.rl_problems must be an integer >= 0'),
 ])
@@ -63,16 +69,25 @@ def test_validate_names_the_key(name, extra, message):
 
 
 def test_validate_accepts_every_config_file():
-  for name in ('ac2', 'grpo', 'prefix_grpo'):
+  for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact'):
     s = experiment.validate(_config(name), num_devices=1)
     assert s.sft is not None and s.chain is not None and s.mesh_shape == (1, 1, 1)
     assert (s.grpo is not None) == (name == 'grpo')
+    assert (s.ppo is not None, s.pact is not None) == (name == 'ppo', name == 'pact')
+    assert (s.value is not None) == (name in ('ppo', 'pact'))
 
 
 def test_resume_guard_lists_the_differing_keys(tmp_path):
   old = _config('ac2').to_dict()
   new = _config('grpo', num_steps=9, eval__every=3).to_dict()
   assert run_record.differences(old, new) == ["algorithm ('ac2' -> 'grpo')"]
+  # A run stored before a key existed resumes when the key keeps the old behaviour, not otherwise.
+  stored = _config('ac2').to_dict()
+  del stored['task']['rl_problems'], stored['controller']['bank_from_data'], stored['ppo']
+  now = _config('ac2', task__rl_problems=0, controller__bank_from_data=False).to_dict()
+  assert run_record.differences(stored, now) == []
+  now['task']['rl_problems'] = 256
+  assert run_record.differences(stored, now) == ["task.rl_problems (0 -> 256)"]
   workdir = str(tmp_path)
   run_record.write_config(workdir, json.dumps(old))
   run_record.check_resume(workdir, json.dumps(new))  # no checkpoints: nothing to resume

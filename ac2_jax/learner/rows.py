@@ -34,6 +34,8 @@ class Row:
   stop_reason: str
   advantage: float = 0.0
   weight: float = 0.0         # 0: the row does not enter the actor loss
+  # Per-token advantages (PPO's GAE, PACT); None: `advantage` on every generated token.
+  advantages_N: np.ndarray | None = None
 
   @property
   def prompt_len(self) -> int:
@@ -56,7 +58,7 @@ def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_le
   return rows, float(np.sum(cost))
 
 
-def _bucket_rows(n: int, multiple: int) -> int:
+def bucket_rows(n: int, multiple: int) -> int:
   b = max(8, 1 << max(0, (n - 1).bit_length()))
   return -(-b // multiple) * multiple
 
@@ -64,7 +66,7 @@ def _bucket_rows(n: int, multiple: int) -> int:
 def actor_batch(rt: Runtime, rows: Sequence[Row]) -> updates.ActorBatch:
   """Right-padded (context + new tokens) with the loss on generated tokens, rows and length bucketed."""
   T = sampling.bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
-  B = _bucket_rows(len(rows), rt.batch_multiple)
+  B = bucket_rows(len(rows), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)
   old = np.zeros((B, T), np.float32)
@@ -75,8 +77,16 @@ def actor_batch(rt: Runtime, rows: Sequence[Row]) -> updates.ActorBatch:
     tokens[b, c:c + n] = r.new_N
     mask[b, c:c + n] = r.weight
     old[b, c:c + n] = r.logprobs_N
-    adv[b, c:c + n] = r.advantage
+    adv[b, c:c + n] = r.advantage if r.advantages_N is None else r.advantages_N
   return rt.put_batch(updates.ActorBatch(tokens, mask, old, adv))
+
+
+def minibatch_rows(rt: Runtime, rows: Sequence, minibatch: int) -> list:
+  """The rows of minibatch `minibatch` of rt.actor_minibatches equal, in-order splits of the rows
+  in the loss (refills and dropped singles, weight 0, take no place in a minibatch)."""
+  trained = [r for r in rows if r.weight > 0]
+  parts = np.array_split(np.arange(len(trained)), rt.actor_minibatches)
+  return [trained[i] for i in parts[minibatch]]
 
 
 def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, minibatch: int):
@@ -85,10 +95,7 @@ def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, miniba
   Returns (state, metrics on the device). Advantages were computed on the whole batch before the
   split.
   """
-  # Rows outside the loss (refills, dropped singles) take no place in a minibatch.
-  trained = [r for r in rows if r.weight > 0]
-  parts = np.array_split(np.arange(len(trained)), rt.actor_minibatches)
-  chosen = [trained[i] for i in parts[minibatch]]
+  chosen = minibatch_rows(rt, rows, minibatch)
   if not chosen:
     return state, {'skipped_empty': 1.0}
   return rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
@@ -177,7 +184,7 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray],
     return None
   targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
   T = sampling.bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
-  B = _bucket_rows(len(records), rt.batch_multiple)
+  B = bucket_rows(len(records), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)
   weights = np.zeros((B,), np.float32)

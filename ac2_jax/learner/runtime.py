@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ac2_jax import critic, models, sampling, sharding, tokenization
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
+from ac2_jax.learner import value_critic
 from ac2_jax.tasks import base as task_base
 
 
@@ -47,6 +48,12 @@ class Runtime:
   actor_step: Callable           # (state, ActorBatch, eps_high) -> (state, metrics)
   critic_step: Callable          # (state, CriticBatch, lr) -> (state, metrics)
   critic_readout: str = 'greedy'  # how a critic value is read (learner.rows.READOUTS)
+  # The separate value-head critic (learner/value_critic.py), when the state carries one.
+  value_settings: value_critic.ValueSettings | None = None
+  value_step: Callable | None = None      # (state, ValueBatch) -> (state, metrics)
+  # (value_params, tokens_BxT) -> head outputs at V(s_t)'s positions [B, T] (value_critic.link)
+  value_logits: Callable | None = None
+  policy_logprobs: Callable | None = None  # (params, tokens_BxT) -> log pi(token t) [B, T]
 
   @property
   def batch_multiple(self) -> int:
@@ -72,17 +79,16 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                   eval_sampling: sampling.SamplingSettings, max_total_len: int,
                   max_sample_batch: int, actor_minibatches: int,
                   state: state_lib.TrainState, critic_readout: str = 'greedy',
+                  value_settings: value_critic.ValueSettings | None = None,
                   train_problems: int = 0) -> Runtime:
-  """The runtime, with the actor and critic steps jitted for `state`'s shardings.
+  """The runtime, with the actor and critic steps jitted for `state`'s shardings; with
+  `value_settings` (and an `ActorCriticState`) also the value critic's update and reads.
 
-  `train_problems` > 0 keeps the first that many training problems: the pool the RL steps draw
-  from (the warm start is built before, from the whole split).
+  `train_problems` > 0 keeps at most the first that many training problems: the pool the RL steps
+  draw from (the warm start is built before, from the whole split).
   """
   train_records, val_records = task.records('train'), task.records('validation')
   if train_problems:
-    if train_problems > len(train_records):
-      raise ValueError(f'train_problems={train_problems} but the task has only '
-                       f'{len(train_records)} training problems')
     train_records = train_records[:train_problems]
   prompts = lambda records: [np.asarray(task.prompt_ids(tokenizer, r), np.int32) for r in records]
   train_prompts = prompts(train_records)
@@ -95,6 +101,23 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                    in_shardings=(state_shardings, batch, scalar),
                    out_shardings=(state_shardings, scalar), donate_argnums=0)
 
+  value_fns = {}
+  if value_settings is not None:
+    if not isinstance(state, value_critic.ActorCriticState):
+      raise TypeError('value_settings need an ActorCriticState (value_critic.init_state)')
+    value_fns['value_step'] = jax.jit(
+        functools.partial(value_critic.value_update, update_settings, value_settings),
+        in_shardings=(state_shardings, batch), out_shardings=(state_shardings, scalar),
+        donate_argnums=0)
+    value_fns['value_logits'] = jax.jit(
+        functools.partial(value_critic.state_logits, model_config),
+        in_shardings=(state_shardings.value_params, batch), out_shardings=batch)
+    value_fns['policy_logprobs'] = jax.jit(
+        lambda params, tokens_BxT: updates.sequence_logprobs(
+            model_config, params, tokens_BxT, update_settings.temperature,
+            update_settings.logits_chunk),
+        in_shardings=(state_shardings.params, batch), out_shardings=batch)
+
   return Runtime(
       model_config=model_config, tokenizer=tokenizer, task=task, mesh=mesh,
       update_settings=update_settings, train_sampling=train_sampling,
@@ -104,7 +127,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       val_prompts=prompts(val_records),
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
       actor_step=jit(updates.actor_update), critic_step=jit(updates.critic_update),
-      critic_readout=critic_readout)
+      critic_readout=critic_readout, value_settings=value_settings, **value_fns)
 
 
 def place_state(state: state_lib.TrainState, mesh: Mesh) -> state_lib.TrainState:

@@ -20,6 +20,9 @@ from ac2_jax.rl import critic_loss, entropy, policy_loss
 from ac2_jax.learner import state as state_lib
 
 
+POLICY_LOSSES = ('ppo', 'dis')
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateSettings:
   model: models.ModelConfig
@@ -27,10 +30,19 @@ class UpdateSettings:
   temperature: float = 0.8
   eps_low: float = 0.2
   dual_clip: float | None = 3.0
+  # 'ppo' (clipped surrogate, above) or 'dis' (SAO/PACT's direct double-sided IS: tokens whose
+  # ratio to the sampling policy leaves (dis_low, dis_high) drop out of the loss).
+  policy_loss: str = 'ppo'
+  dis_low: float = 0.7
+  dis_high: float = 6.0
   # Rows per gradient micro-batch; 0 = the whole minibatch at once.
   micro_batch: int = 0
   # Positions projected onto the vocabulary at a time in the losses; 0 = all at once.
   logits_chunk: int = 0
+
+  def __post_init__(self):
+    if self.policy_loss not in POLICY_LOSSES:
+      raise ValueError(f'policy_loss must be one of {POLICY_LOSSES}, got {self.policy_loss!r}')
 
 
 @flax.struct.dataclass
@@ -83,7 +95,7 @@ def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chun
   return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
 
 
-def _accumulate(loss_fn: Callable, params, batch, micro_batch: int):
+def accumulate(loss_fn: Callable, params, batch, micro_batch: int):
   """Sums (loss_sum, count, metric sums) and gradients of loss_sum over micro-batches."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   B = jax.tree.leaves(batch)[0].shape[0]
@@ -103,14 +115,14 @@ def _accumulate(loss_fn: Callable, params, batch, micro_batch: int):
   return loss_sum, count, sums, grads
 
 
-def _token_mean(loss_sum, count, grads):
+def token_mean(loss_sum, count, grads):
   """Divides by the count; gradients keep their parameters' dtype (bf16 Adam moments stay bf16,
   so the update never recompiles and a resumed run restores exactly what it saved)."""
   denom = jnp.maximum(count, 1.0)
   return loss_sum / denom, jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
 
 
-def _apply(optimizer, params, opt_state, grads, loss, scale=None):
+def apply_update(optimizer, params, opt_state, grads, loss, scale=None):
   """One optimiser step, or none when anything is non-finite. Returns (params, opt_state, metrics)."""
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
   if scale is not None:
@@ -134,15 +146,21 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
   def loss_fn(params, mb: ActorBatch):
     logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, settings.temperature,
                              settings.logits_chunk)
-    loss_sum, count, sums = policy_loss.ppo_loss(
-        logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
-        eps_low=settings.eps_low, eps_high=eps_high, dual_clip=settings.dual_clip)
+    if settings.policy_loss == 'dis':
+      loss_sum, count, sums = policy_loss.dis_loss(
+          logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
+          ratio_low=settings.dis_low, ratio_high=settings.dis_high)
+    else:
+      loss_sum, count, sums = policy_loss.ppo_loss(
+          logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
+          eps_low=settings.eps_low, eps_high=eps_high, dual_clip=settings.dual_clip)
     return loss_sum, (count, sums)
 
-  loss_sum, count, sums, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
-  loss, grads = _token_mean(loss_sum, count, grads)
+  loss_sum, count, sums, grads = accumulate(loss_fn, state.params, batch, settings.micro_batch)
+  loss, grads = token_mean(loss_sum, count, grads)
   optimizer = state_lib.actor_optimizer(settings.optim)
-  params, opt_state, metrics = _apply(optimizer, state.params, state.actor_opt_state, grads, loss)
+  params, opt_state, metrics = apply_update(optimizer, state.params, state.actor_opt_state, grads,
+                                            loss)
   metrics = {'loss': loss, 'tokens': count, **policy_loss.finalize_metrics(sums, count), **metrics}
   applied = (1.0 - metrics['skipped']).astype(state.step.dtype)
   new_state = state.replace(params=params, actor_opt_state=opt_state, step=state.step + applied)
@@ -158,10 +176,10 @@ def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: 
     loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
     return loss_sum, (count, {})
 
-  loss_sum, count, _, grads = _accumulate(loss_fn, state.params, batch, settings.micro_batch)
-  loss, grads = _token_mean(loss_sum, count, grads)
+  loss_sum, count, _, grads = accumulate(loss_fn, state.params, batch, settings.micro_batch)
+  loss, grads = token_mean(loss_sum, count, grads)
   optimizer = state_lib.critic_optimizer(settings.optim)
-  params, opt_state, metrics = _apply(optimizer, state.params, state.critic_opt_state, grads, loss,
-                                      scale=lr)
+  params, opt_state, metrics = apply_update(optimizer, state.params, state.critic_opt_state, grads,
+                                            loss, scale=lr)
   metrics = {'loss': loss, 'records': count, **metrics}
   return state.replace(params=params, critic_opt_state=opt_state), metrics

@@ -30,7 +30,10 @@ import ml_collections
 from ac2_jax.train import compare_report, console, experiment, loop
 
 # Method name -> config file in configs/ (an explicit registry: no file is chosen by a string).
-METHOD_CONFIGS = {'ac2': 'ac2.py', 'grpo': 'grpo.py', 'prefix_grpo': 'prefix_grpo.py'}
+METHOD_CONFIGS = {'ac2': 'ac2.py', 'grpo': 'grpo.py', 'prefix_grpo': 'prefix_grpo.py',
+                  'ppo': 'ppo.py', 'pact': 'pact.py'}
+# Methods whose config file takes arguments besides `bench` (ppo:lambda1, pact:frozen, ...).
+WITH_VARIANTS = ('ac2', 'ppo', 'pact')
 # The sections a warm start depends on: every method of a seed must agree on them.
 WARM_START_SECTIONS = ('task', 'sft', 'model')
 QUICK_STEPS = 20
@@ -55,8 +58,9 @@ def parse_method(spec: str) -> Method:
   name, _, variants = spec.partition(':')
   if name not in METHOD_CONFIGS:
     raise ValueError(f'unknown method {name!r} in {spec!r}; known: {", ".join(METHOD_CONFIGS)}')
-  if variants and name != 'ac2':
-    raise ValueError(f'{spec!r}: only ac2 takes variants (ac2:VARIANT[+VARIANT])')
+  if variants and name not in WITH_VARIANTS:
+    raise ValueError(f'{spec!r}: only {", ".join(WITH_VARIANTS)} take variants '
+                     '(ac2:VARIANT[+VARIANT])')
   return Method(spec, name, tuple(v for v in variants.split('+') if v))
 
 

@@ -15,7 +15,7 @@ import ml_collections
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.algorithm = 'ac2'              # 'ac2' | 'prefix_grpo' | 'grpo'
+  c.algorithm = 'ac2'              # 'ac2' | 'prefix_grpo' | 'grpo' | 'ppo' | 'pact'
   c.seed = 0
   c.num_steps = 60
   c.checkpoint_every = 20          # steps; also on exit and on SIGTERM
@@ -121,6 +121,31 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.group_size = 8
   c.grpo.normalize_std = False
 
+  c.ppo = ml_collections.ConfigDict()  # PPO with GAE (algorithms/ppo.py); full responses
+  c.ppo.problems_per_step = 16
+  c.ppo.responses_per_problem = 8  # the rows of a GRPO step, so the two cost the same to sample
+  c.ppo.gamma = 1.0
+  c.ppo.lam = 0.95                 # GAE lambda; configs/ppo.py:lambda1 sets 1 (A = R - V(s_t))
+
+  c.pact = ml_collections.ConfigDict()  # PACT (algorithms/pact.py); full responses
+  c.pact.problems_per_step = 16
+  c.pact.responses_per_problem = 8
+  c.pact.max_ratio = 6.0           # critic tokens keep 0 <= rho <= max_ratio
+  c.pact.dis_low = 0.7             # the actor's DIS band (ALGORITHMS.md, the math setting)
+  c.pact.dis_high = 6.0
+
+  # The separate value-head critic of 'ppo' and 'pact' (learner/value_critic.py): the policy's
+  # architecture and weights with a scalar head; its own AdamW.
+  c.value_critic = ml_collections.ConfigDict()
+  c.value_critic.learning_rate = 1e-4  # the tiny model's; 5e-6 at paper scale (SAO, PACT)
+  c.value_critic.weight_decay = 0.0
+  c.value_critic.grad_clip = 1.0
+  c.value_critic.freeze_attention = False  # True: only the MLP blocks, final norm and head train
+  c.value_critic.updates = 1       # K critic updates per actor minibatch update
+  c.value_critic.warmup_steps = 0  # first steps that train the critic only (LiSAO: 10)
+  c.value_critic.value_clip = 0.2  # PPO's clipped value loss: V_old +- value_clip
+  c.value_critic.head_std = 0.02   # initial head weights; the body starts as the policy
+
   c.sampling = ml_collections.ConfigDict()  # training rollouts
   c.sampling.temperature = 0.8
   c.sampling.top_p = 1.0
@@ -181,6 +206,10 @@ def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.controller.critic_lr_floor = 5 * math.sqrt(2) * 1e-7
   c.grpo.problems_per_step = 256
   c.grpo.group_size = 16
+  for section in (c.ppo, c.pact):  # the rows of a GRPO step
+    section.problems_per_step = 256
+    section.responses_per_problem = 16
+  c.value_critic.learning_rate = 5e-6
   c.sampling.max_batch = 256
   c.actor.learning_rate = 2e-6
   c.actor.micro_batch = 16

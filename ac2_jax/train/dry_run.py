@@ -7,6 +7,8 @@ plans a 32-chip pod), and no checkpoint, data set or judge is touched (a checkpo
 is read when it is there). The report gives bytes per device, by phase:
 
   state     parameters + actor AdamW moments + critic Adam moments: resident for the whole run.
+            With a separate value critic (PPO, PACT): its parameters and AdamW moments instead
+            of AC2's critic moments (its frozen attention, if set, holds no moments).
   sampling  the KV cache of one sampler call (`sampling.max_batch` rows at the longest context,
             bucketed as the sampler pads) and the prefill's activations of one layer.
   update    gradients, float32 logits of one micro-batch (the losses take a log-softmax over
@@ -35,6 +37,8 @@ from ac2_jax.sampling import decode
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
+from ac2_jax.learner import value_critic
+from ac2_jax.models import value as value_model
 from ac2_jax.train.sizes import RunSizes
 
 GiB = 1024**3
@@ -51,6 +55,7 @@ class Plan:
   model_source: str
   mesh_shape: tuple[int, int, int]   # (data, fsdp, tensor)
   sizes: RunSizes
+  value: value_critic.ValueSettings | None = None  # the separate value critic (PPO, PACT)
 
 
 def sampler_shape(plan: Plan, batch_devices: int) -> tuple[int, int, int]:
@@ -156,7 +161,12 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
                      and jax.default_backend() == 'cpu')
   optim = state_lib.OptimSettings()
   params = jax.eval_shape(lambda: models.init_params(traced, jax.random.key(0)))
-  state = jax.eval_shape(functools.partial(state_lib.init_state, settings=optim), params)
+  if plan.value is None:
+    state = jax.eval_shape(functools.partial(state_lib.init_state, settings=optim), params)
+  else:
+    state = jax.eval_shape(lambda p: value_critic.init_state(
+        p, value_model.init_value_params(traced, p, jax.random.key(0)), optim, plan.value),
+        params)
   unsplit = _unsplit_leaves(params, mesh)
   if unsplit:
     notes.append(f'replicated because a dimension does not divide its mesh axes: {unsplit}')
@@ -173,10 +183,19 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
                                      _sds((rows,), jnp.float32))
   settings = updates.UpdateSettings(model=traced, optim=optim, micro_batch=plan.sizes.micro_batch,
                                     logits_chunk=plan.sizes.logits_chunk)
-  for name, fn, batch, micro in (('actor', updates.actor_update, actor_batch, plan.sizes.micro_batch),
-                                 ('critic', updates.critic_update, critic_batch, 0)):
+  scalar = (_sds((), jnp.float32),)
+  steps = [('actor', updates.actor_update, actor_batch, plan.sizes.micro_batch, scalar)]
+  if plan.value is None:
+    steps.append(('critic', updates.critic_update, critic_batch, 0, scalar))
+  else:
+    value_batch = value_critic.ValueBatch(_sds((2 * rows, T_actor), jnp.int32),
+                                          *[_sds((2 * rows, T_actor), jnp.float32)] * 3)
+    value_step = lambda settings, state, batch: value_critic.value_update(settings, plan.value,
+                                                                           state, batch)
+    steps.append(('value critic', value_step, value_batch, plan.sizes.micro_batch, ()))
+  for name, fn, batch, micro, extra in steps:
     step = functools.partial(fn, dataclasses.replace(settings, micro_batch=micro))
-    new_state, _ = jax.eval_shape(step, state, batch, _sds((), jnp.float32))
+    new_state, _ = jax.eval_shape(step, state, batch, *extra)
     before, after = jax.tree.leaves(state), jax.tree.leaves(new_state)
     if (jax.tree.structure(new_state) != jax.tree.structure(state)
         or any(a.shape != b.shape for a, b in zip(before, after))):
@@ -224,9 +243,15 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
       'parameters': _tree_bytes(state.params, specs.params, sizes),
       'actor optimizer (AdamW mu, nu)': _tree_bytes(state.actor_opt_state,
                                                     specs.actor_opt_state, sizes),
-      'critic optimizer (Adam mu, nu)': _tree_bytes(state.critic_opt_state,
-                                                    specs.critic_opt_state, sizes),
   }}
+  if plan.value is None:
+    memory['state']['critic optimizer (Adam mu, nu)'] = _tree_bytes(
+        state.critic_opt_state, specs.critic_opt_state, sizes)
+  else:
+    memory['state']['value critic parameters'] = _tree_bytes(state.value_params,
+                                                             specs.value_params, sizes)
+    memory['state']['value critic optimizer (AdamW mu, nu)'] = _tree_bytes(
+        state.value_opt_state, specs.value_opt_state, sizes)
 
   B, P, C = sampler_shape(plan, batch_devices)
   rows = B // batch_devices

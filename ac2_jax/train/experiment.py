@@ -21,20 +21,30 @@ from ac2_jax import models, sampling, sharding, tokenization
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.algorithms import base as algorithm_base
 from ac2_jax.algorithms import grpo as grpo_lib
+from ac2_jax.algorithms import pact as pact_lib
+from ac2_jax.algorithms import ppo as ppo_lib
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import runtime as runtime_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
+from ac2_jax.learner import value_critic
+from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.tasks import builtin, builtin_sft, builtin_tfds
 from ac2_jax.train import distributed, dry_run
 from ac2_jax.train import sft as sft_lib
 from ac2_jax.train.sizes import RunSizes
 
-ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo')
+ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact')
+# Algorithms with a separate value-head critic (learner/value_critic.py), and their config section.
+VALUE_ALGORITHMS = ('ppo', 'pact')
 TASKS = ('builtin', 'proofs')
 DTYPES = ('float32', 'bfloat16')
 ATTENTION_IMPLS = ('xla', 'pallas')
+
+
+# Folded into the seed's key for the value head's initial weights.
+VALUE_HEAD_KEY = 0x7A1E
 
 
 class ConfigError(ValueError):
@@ -85,6 +95,9 @@ def run_sizes(c: ml_collections.ConfigDict, prompt_tokens: int) -> RunSizes:
   ctl_c = c.controller
   if c.algorithm == 'grpo':
     rows = c.grpo.problems_per_step * c.grpo.group_size
+  elif c.algorithm in VALUE_ALGORITHMS:
+    section = c[c.algorithm]
+    rows = section.problems_per_step * section.responses_per_problem
   else:
     rows = ctl_c.n_refill + ctl_c.n_batch * ctl_c.group_size
   return RunSizes(
@@ -122,7 +135,8 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
   devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count())
   return dry_run.Plan(model=model, model_source=source,
                       mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
-                      sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]))
+                      sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]),
+                      value=value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None)
 
 
 @contextlib.contextmanager
@@ -184,6 +198,37 @@ def grpo_settings(c: ml_collections.ConfigDict) -> grpo_lib.GRPOSettings:
   return settings
 
 
+def value_settings(c: ml_collections.ConfigDict) -> value_critic.ValueSettings:
+  """The value critic of 'ppo' (linear head, clipped MSE) or 'pact' (sigmoid head, soft BCE)."""
+  v = c.value_critic
+  with _section('value_critic'):
+    return value_critic.ValueSettings(
+        learning_rate=v.learning_rate, weight_decay=v.weight_decay, grad_clip=v.grad_clip,
+        freeze_attention=v.freeze_attention,
+        loss='soft_bce' if c.algorithm == 'pact' else 'clipped_mse', value_clip=v.value_clip,
+        head_std=v.head_std)
+
+
+def _rollout_fields(c: ml_collections.ConfigDict) -> dict:
+  section = c[c.algorithm]
+  return dict(problems_per_step=section.problems_per_step,
+              responses_per_problem=section.responses_per_problem,
+              response_budget=c.controller.response_budget,
+              critic_updates=c.value_critic.updates,
+              critic_warmup_steps=c.value_critic.warmup_steps)
+
+
+def ppo_settings(c: ml_collections.ConfigDict) -> ppo_lib.PPOSettings:
+  with _section('ppo'):
+    return ppo_lib.PPOSettings(**_rollout_fields(c), gamma=c.ppo.gamma, lam=c.ppo.lam)
+
+
+def pact_settings(c: ml_collections.ConfigDict) -> pact_lib.PACTSettings:
+  with _section('pact'):
+    return pact_lib.PACTSettings(**_rollout_fields(c), max_ratio=c.pact.max_ratio,
+                                 dis_low=c.pact.dis_low, dis_high=c.pact.dis_high)
+
+
 def _check_learns(c: ml_collections.ConfigDict, ctl_settings: ctl.ControllerSettings) -> None:
   """Settings under which the algorithm would run and never change the weights."""
   if not c.actor.learning_rate > 0:
@@ -191,7 +236,7 @@ def _check_learns(c: ml_collections.ConfigDict, ctl_settings: ctl.ControllerSett
   if not (isinstance(c.actor.minibatches, int) and c.actor.minibatches >= 1):
     raise ConfigError(f'config.actor.minibatches must be an integer >= 1, '
                       f'got {c.actor.minibatches!r}')
-  if c.algorithm == 'grpo':
+  if c.algorithm == 'grpo' or c.algorithm in VALUE_ALGORITHMS:
     return
   if ctl_settings.n_batch < 1:
     raise ConfigError(f'config.controller.n_batch must be >= 1 for {c.algorithm}, got '
@@ -219,6 +264,9 @@ class Settings:
   chain: builtin.ChainSettings | None       # the built-in task
   sft: sft_lib.SFTSettings | None           # when the run starts from the SFT warm start
   grpo: grpo_lib.GRPOSettings | None
+  ppo: ppo_lib.PPOSettings | None
+  pact: pact_lib.PACTSettings | None
+  value: value_critic.ValueSettings | None  # the separate value critic (VALUE_ALGORITHMS)
   judges: tuple | None                      # the proof task: (training, validation) settings
 
 
@@ -251,8 +299,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
                       f'got {c.sampling.max_batch!r}')
   ctl_settings = controller_settings(c)
   grpo = grpo_settings(c) if c.algorithm == 'grpo' else None
+  ppo = ppo_settings(c) if c.algorithm == 'ppo' else None
+  pact = pact_settings(c) if c.algorithm == 'pact' else None
+  value = value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None
   _check_learns(c, ctl_settings)
-  per_step = c.grpo.problems_per_step if c.algorithm == 'grpo' else c.controller.n_refill
+  per_step = (c[c.algorithm].problems_per_step if c.algorithm in ('grpo', 'ppo', 'pact')
+              else c.controller.n_refill)
   if 0 < c.task.rl_problems < per_step:
     raise ConfigError(f'config.task.rl_problems={c.task.rl_problems} is fewer than the '
                       f'{per_step} distinct problems a step draws')
@@ -269,9 +321,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
     if not (isinstance(c.task.builtin_vocab_size, int) and c.task.builtin_vocab_size >= 1):
       raise ConfigError(f'config.task.builtin_vocab_size must be an integer >= 1, '
                         f'got {c.task.builtin_vocab_size!r}')
-    if c.task.rl_problems > c.task.builtin_num_train:
-      raise ConfigError(f'config.task.rl_problems={c.task.rl_problems} is more than the '
-                        f'{c.task.builtin_num_train} training problems (task.builtin_num_train)')
     if not c.model.init_checkpoint:
       sft = sft_settings(c)
   else:
@@ -287,7 +336,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   return Settings(run=run, controller=ctl_settings,
                   train_sampling=sampling_settings(c, 'sampling'),
                   eval_sampling=sampling_settings(c, 'eval'), mesh=mesh, mesh_shape=mesh_shape,
-                  chain=chain, sft=sft, grpo=grpo, judges=judge_settings)
+                  chain=chain, sft=sft, grpo=grpo, ppo=ppo, pact=pact, value=value,
+                  judges=judge_settings)
 
 
 def judge_settings_of(c: ml_collections.ConfigDict) -> tuple:
@@ -393,11 +443,20 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
                                     critic_grad_clip=c.critic.grad_clip),
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
       dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk)
+      logits_chunk=c.model.logits_chunk,
+      **(dict(policy_loss='dis', dis_low=s.pact.dis_low, dis_high=s.pact.dis_high)
+         if s.pact else {}))
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))
   sizes = run_sizes(c, longest_prompt)
-  state = runtime_lib.place_state(state_lib.init_state(params, update_settings.optim), mesh)
+  if s.value is None:
+    state = state_lib.init_state(params, update_settings.optim)
+  else:
+    value_params = value_model.init_value_params(
+        model_config, params, jax.random.fold_in(jax.random.key(c.seed), VALUE_HEAD_KEY),
+        head_std=s.value.head_std)
+    state = value_critic.init_state(params, value_params, update_settings.optim, s.value)
+  state = runtime_lib.place_state(state, mesh)
   rt = runtime_lib.build_runtime(
       model_config=model_config, tokenizer=tok, task=task, mesh=mesh,
       update_settings=update_settings,
@@ -405,10 +464,14 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
-      train_problems=c.task.rl_problems)
+      value_settings=s.value, train_problems=c.task.rl_problems)
 
   if c.algorithm == 'grpo':
     algorithm = grpo_lib.GRPO(rt, s.grpo, s.controller, c.seed)
+  elif c.algorithm == 'ppo':
+    algorithm = ppo_lib.PPO(rt, s.ppo, s.controller, c.seed)
+  elif c.algorithm == 'pact':
+    algorithm = pact_lib.PACT(rt, s.pact, c.seed)
   else:
     algorithm = ac2_lib.AC2(rt, s.controller, c.seed, use_critic=c.algorithm == 'ac2')
   return rt, algorithm, state

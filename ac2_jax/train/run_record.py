@@ -45,9 +45,21 @@ def flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
   return out
 
 
+# Keys added after runs were first written, with the value that reproduces a run stored without
+# them: such a run resumes unchanged when the key still has that value, and is refused otherwise.
+ADDED_KEYS = {'task.rl_problems': 0, 'controller.bank_from_data': False}
+# Sections added with algorithms that a stored run without them cannot have used.
+ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.')
+
+
 def differences(old: dict, new: dict) -> list[str]:
   """'key (old -> new)' for every key outside RESUMABLE_KEYS whose value differs."""
   a, b = flatten(old), flatten(new)
+  for k in set(b) - set(a):
+    if k in ADDED_KEYS:
+      a[k] = ADDED_KEYS[k]
+    elif k.startswith(ADDED_SECTIONS):
+      a[k] = b[k]
   missing = '(absent)'
   return [f'{k} ({a.get(k, missing)!r} -> {b.get(k, missing)!r})'
           for k in sorted(set(a) | set(b))
