@@ -31,7 +31,9 @@ setup(
         'importlib-resources>=6',
     ],
     extras_require={
-        'test': ['pytest>=8', 'nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6'],
+        # pytest-xdist: pytest.ini runs the suite on 2 workers (its XLA compiles are single-threaded).
+        'test': ['pytest>=8', 'pytest-xdist==3.8.0', 'nbclient>=0.10', 'nbformat>=5.10',
+                 'ipykernel>=6'],
         'notebooks': ['nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6'],
     },
 )

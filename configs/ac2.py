@@ -1,24 +1,25 @@
 """AC2 (Actor-Critic with Action Chunking).
 
-CPU, built-in task, `tiny` model (SFT warm start included; measured about 14 minutes on a shared
-2-core machine, session 3, seed 0: SFT 325 s, 60 RL steps 509 s at a median 7.3 s, the rest data,
-tokenizer, compiles and evaluations):
+CPU, built-in task, `tiny` model (SFT warm start included; about 14 minutes on an idle 2-core
+machine, measured before the pool and bank defaults below; 42 minutes with them for seed 2 on a
+shared machine, session 4):
   python launch/tpu_run.py --config=configs/ac2.py --workdir=/tmp/ac2_run
-Expected: the validation score printed at the end is above the SFT starting score (step 0). Measured
-on one seed only (seed 0; scores are mean points / 7 under the task's default 'local' scoring):
-0.482 -> 0.585 (step 20) -> 0.610 (step 40) -> 0.629 (step 60); Prefix GRPO from the same warm start
-0.482 -> 0.579 -> 0.607 -> 0.652. Problems become ready from step 6 (83 by step 60: the critic's
-error, 0.07-0.10, is under both thresholds), but a ready problem is rarely replayed again (20,000
-training problems, a 64-trajectory buffer refreshed by 16 per step), so only 3% of the replay slots
-of the second half were ready and 0.5% of all rows were critic-scored chunks. The critic probe
-(`launch/bench.py critic`, BENCHMARKS.md) shows why readiness alone proves little here: the tiny
-critic's reads do not discriminate prefixes (chunk-advantage correlation 0.01-0.07 against 0.39
-in the paper), while a constant is within tau_local of 96% of the labels.
+Expected: problems become ready from about step 5; about 80% of the second half's replay slots are
+ready problems and about 40% of all rows critic-scored chunks (seeds 0 and 2: 0.84 / 40%, 0.79 /
+37%); decoding FLOPs about 20% under Prefix GRPO's. Scores are mean points / 7 under the 'local'
+scoring, and the warm start is on a knife edge between seeds: seed 0 0.482 -> 0.601 (Prefix GRPO on
+the same pool: 0.622), seed 2 0.794 -> 0.995, seed 1 starts at 0.003 (its SFT never learns the
+arithmetic in 560 steps; see BENCHMARKS.md). The critic passes readiness without telling chunks
+apart (a constant is within tau_local of 96% of the labels; the critic probe, `launch/bench.py
+critic`, measures chunk-advantage correlation about 0 against 0.39 in the paper), so ready groups
+give the actor little signal and AC2 does not beat Prefix GRPO here.
 
 CPU departures from Table 4 (each a key in ac2_jax/train/defaults.py, with its reason there): the
 critic's value read as the expectation over the grid tokens (critic.readout), a short critic
 instruction (task.builtin_critic_prompt), cuts at most 0.8 of the response
-(controller.max_cut_fraction), the critic learning-rate floor, and the scaled token counts.
+(controller.max_cut_fraction), a pool of 256 training problems that come back within the run
+(task.rl_problems), the reference bank seeded from the data set (controller.bank_from_data), the
+critic learning-rate floor, and the scaled token counts.
 
 Paper scale (AC2 paper, Table 4): Qwen3-4B on a TPU pod slice (or GPUs), FineProofs-RL training,
 IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/gpu.md:

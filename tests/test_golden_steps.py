@@ -48,6 +48,8 @@ PINNED = {
     'mesh.fsdp': -1,
     'mesh.tensor': 1,
     'task.name': 'builtin',
+    'task.rl_problems': 0,
+    'controller.bank_from_data': False,
     'task.builtin_steps': 8,
     'task.builtin_modulus': 7,
     'task.builtin_ops': '+-',
