@@ -1,5 +1,6 @@
 """PPO with a learned critic and GAE(lambda, gamma): a separate value-head critic (the policy's
-architecture and weights with a scalar head), clipped value loss, dual-clip policy loss.
+architecture and weights, or value_critic.init_checkpoint's, with a scalar head), clipped value
+loss, dual-clip policy loss.
 
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/ppo.py --workdir=/tmp/ppo_run

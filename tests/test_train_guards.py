@@ -57,6 +57,8 @@ def _config(name='ac2', **extra):
     ('ppo', {'value_critic.learning_rate': 0.0},
      'config.value_critic: learning_rate must be > 0, got 0.0'),
     ('pact', {'pact.dis_low': 1.2}, 'config.pact: the DIS band must satisfy 0 <= dis_low < 1'),
+    ('ppo', {'value_critic.init_checkpoint': '/no/such/dir'},
+     "config.value_critic.init_checkpoint='/no/such/dir' has no config.json"),
     ('ac2', {'task.name': 'proofs'}, 'the proof task needs config.model.init_checkpoint'),
     ('ppo', {'task.rl_problems': 8}, 'config.task.rl_problems=8 is fewer than the 16 distinct'),
     ('ac2', {'task.rl_problems': 3}, 'config.task.rl_problems=3 is fewer than the 4 distinct'),
@@ -88,6 +90,13 @@ def test_resume_guard_lists_the_differing_keys(tmp_path):
   assert run_record.differences(stored, now) == []
   now['task']['rl_problems'] = 256
   assert run_record.differences(stored, now) == ["task.rl_problems (0 -> 256)"]
+  # A key added to a section (value_critic) after runs with that section were stored.
+  stored = _config('ppo').to_dict()
+  del stored['value_critic']['init_checkpoint']
+  now = _config('ppo').to_dict()
+  assert run_record.differences(stored, now) == []
+  now['value_critic']['init_checkpoint'] = '/critic'
+  assert run_record.differences(stored, now) == ["value_critic.init_checkpoint ('' -> '/critic')"]
   workdir = str(tmp_path)
   run_record.write_config(workdir, json.dumps(old))
   run_record.check_resume(workdir, json.dumps(new))  # no checkpoints: nothing to resume

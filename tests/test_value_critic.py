@@ -3,19 +3,22 @@
 One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 1 (the advantage
 identity A_t = R - V(s_t) and a whole step); PPO at its default lambda stopped after a step and
 resumed from an orbax checkpoint; one PACT step with the critic's attention frozen (its
-actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters).
+actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters);
+and a PPO build whose critic starts from another checkpoint.
 Responses are cut at 16 tokens so that every batch pads to one length bucket and each jitted
 program compiles once. The task is `LengthCreditTask`, so rewards vary and the actor has real
 gradients.
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ac2_jax import models
 from ac2_jax.algorithms import ppo as ppo_lib
 from ac2_jax.algorithms import timing
 from ac2_jax.learner import updates, value_critic
@@ -34,12 +37,16 @@ ROWS = {'problems_per_step': 4, 'responses_per_problem': 2}
 BUDGET = 16
 
 
-def _build(train_base, tmp_path_factory, name, arg=''):
-  extra = {f'{name}__{k}': v for k, v in ROWS.items()}
-  extra['controller__response_budget'] = BUDGET
+def _small(name, **extra):
+  """The sizes above as tiny_config overrides, plus `extra`."""
+  return {**{f'{name}__{k}': v for k, v in ROWS.items()}, 'controller__response_budget': BUDGET,
+          **extra}
+
+
+def _build(train_base, tmp_path_factory, name, arg='', **extra):
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
-    c = tiny_config(train_base, name, arg, **extra)
+    c = tiny_config(train_base, name, arg, **_small(name, **extra))
     rt, algorithm, state = experiment.build(c, str(tmp_path_factory.mktemp(name)),
                                             log=lambda *_: None)
   return c, rt, algorithm, state
@@ -253,3 +260,53 @@ def test_compare_and_config_arguments_reach_ppo_and_pact():
   assert c.pact.problems_per_step * c.pact.responses_per_problem == 256 * 16
   with pytest.raises(ValueError, match='unknown PPO config arguments'):
     load_config('ppo', 'no_audit')
+
+
+def test_critic_body_starts_from_a_given_checkpoint(train_base, tmp_path_factory):
+  """value_critic.init_checkpoint: the critic's body is that checkpoint's (of the policy's
+  architecture, other weights), the policy keeps its own, and the head starts fresh."""
+  _, sft_dir = train_base
+  config, _ = models.load_hf_checkpoint(sft_dir)
+  other = models.init_params(config, jax.random.key(7))
+  path = str(tmp_path_factory.mktemp('critic_checkpoint'))
+  models.save_hf_checkpoint(config, other, path)
+  c, _, _, state = _build(train_base, tmp_path_factory, 'ppo', value_critic__init_checkpoint=path)
+  assert c.value_critic.init_checkpoint == path
+  got, policy, want = _host(state.value_params), _host(state.params), _host(other)
+  assert sorted(got) == sorted([k for k in want if k != 'lm_head'] + [value_model.HEAD])
+  body = {k: v for k, v in got.items() if k != value_model.HEAD}
+  for (path_, x), y, p in zip(jax.tree_util.tree_leaves_with_path(body),
+                              jax.tree.leaves({k: want[k] for k in body}),
+                              jax.tree.leaves({k: policy[k] for k in body})):
+    np.testing.assert_array_equal(x, y, err_msg=str(path_))
+    if x.ndim > 1:  # matrices: random, unlike the warm start's (norm scales start at 1)
+      assert not np.array_equal(x, p), path_
+  assert np.abs(got[value_model.HEAD]['kernel']).max() > 0
+  assert float(got[value_model.HEAD]['bias']) == 0.0
+
+
+def test_critic_checkpoint_of_another_architecture_or_no_checkpoint_is_a_config_error(
+    train_base, tmp_path):
+  _, sft_dir = train_base  # a 2-layer `tiny`
+  policy = models.load_hf_checkpoint(sft_dir)[0]
+  wider = tmp_path / 'wider'
+  wider.mkdir()
+  (wider / 'config.json').write_text(json.dumps(policy.replace(hidden_size=64).to_hf_dict()))
+  cases = [
+      ({'value_critic__init_checkpoint': str(tmp_path / 'none')},
+       f"config.value_critic.init_checkpoint='{tmp_path / 'none'}' has no config.json"),
+      ({'value_critic__init_checkpoint': str(wider)},
+       f"config.value_critic.init_checkpoint='{wider}' is not of the policy's architecture: "
+       'hidden_size 64 (policy 128)'),
+      # The SFT warm start of the 4-layer preset as the policy.
+      ({'value_critic__init_checkpoint': sft_dir, 'model__init_checkpoint': ''},
+       'is not of the policy\'s architecture: num_layers 2 (policy 4)'),
+  ]
+  for extra, message in cases:
+    for name in ('ppo', 'pact'):
+      with pytest.raises(experiment.ConfigError) as e:
+        experiment.validate(tiny_config(train_base, name, **_small(name, **extra)))
+      assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
+  # AC2 has no value critic: the key is not read.
+  experiment.validate(tiny_config(train_base, 'ac2', value_critic__init_checkpoint=str(wider)))
+

@@ -140,8 +140,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.pact.dis_high = 6.0
 
   # The separate value-head critic of 'ppo' and 'pact' (learner/value_critic.py): the policy's
-  # architecture and weights with a scalar head; its own AdamW.
+  # architecture and weights (or init_checkpoint's) with a scalar head; its own AdamW.
   c.value_critic = ml_collections.ConfigDict()
+  # Hugging Face checkpoint dir whose decoder body starts the critic (of the policy's architecture;
+  # its lm_head is dropped, the head starts fresh); '' = the policy's own weights.
+  c.value_critic.init_checkpoint = ''
   c.value_critic.learning_rate = 1e-4  # the tiny model's; 5e-6 at paper scale (SAO, PACT)
   c.value_critic.weight_decay = 0.0
   c.value_critic.grad_clip = 1.0
@@ -149,7 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.value_critic.updates = 1       # K critic updates per actor minibatch update
   c.value_critic.warmup_steps = 0  # first steps that train the critic only (LiSAO: 10)
   c.value_critic.value_clip = 0.2  # PPO's clipped value loss: V_old +- value_clip
-  c.value_critic.head_std = 0.02   # initial head weights; the body starts as the policy
+  c.value_critic.head_std = 0.02   # initial head weights (the body: init_checkpoint)
 
   c.sampling = ml_collections.ConfigDict()  # training rollouts
   c.sampling.temperature = 0.8

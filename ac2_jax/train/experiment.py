@@ -209,6 +209,38 @@ def value_settings(c: ml_collections.ConfigDict) -> value_critic.ValueSettings:
         head_std=v.head_std)
 
 
+def _model_config_at(key: str, path: str) -> ModelConfig:
+  """The architecture of the Hugging Face checkpoint dir `path` given as config.KEY."""
+  file = os.path.join(path, 'config.json')
+  if not os.path.isfile(file):
+    raise ConfigError(f'config.{key}={path!r} has no config.json (a Hugging Face checkpoint '
+                      'directory)')
+  try:
+    with open(file) as f:
+      return ModelConfig.from_hf_dict(json.load(f))
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ConfigError(f'config.{key}={path!r}: ' + ' '.join(str(e).split())) from None
+
+
+def check_value_checkpoint(c: ml_collections.ConfigDict, policy: ModelConfig | None = None
+                           ) -> None:
+  """config.value_critic.init_checkpoint must hold the policy's architecture: `policy` (the loaded
+  one, in `build`), else config.model.init_checkpoint's or the preset's. The preset's vocabulary is
+  not compared: the SFT warm start takes the tokenizer's, known once the data is built."""
+  key, path = 'value_critic.init_checkpoint', c.value_critic.init_checkpoint
+  body = _model_config_at(key, path)
+  fields = value_model.BODY_FIELDS
+  if policy is None and c.model.init_checkpoint:
+    policy = _model_config_at('model.init_checkpoint', c.model.init_checkpoint)
+  elif policy is None:
+    policy = models.get_config(c.model.preset)
+    fields = tuple(f for f in fields if f != 'vocab_size')
+  differences = value_model.body_differences(policy, body, fields)
+  if differences:
+    raise ConfigError(f'config.{key}={path!r} is not of the policy\'s architecture: '
+                      + '; '.join(differences))
+
+
 def _rollout_fields(c: ml_collections.ConfigDict) -> dict:
   section = c[c.algorithm]
   return dict(problems_per_step=section.problems_per_step,
@@ -302,6 +334,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   ppo = ppo_settings(c) if c.algorithm == 'ppo' else None
   pact = pact_settings(c) if c.algorithm == 'pact' else None
   value = value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None
+  if value is not None and c.value_critic.init_checkpoint:
+    check_value_checkpoint(c)
   _check_learns(c, ctl_settings)
   per_step = (c[c.algorithm].problems_per_step if c.algorithm in ('grpo', 'ppo', 'pact')
               else c.controller.n_refill)
@@ -427,10 +461,9 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   with distributed.main_process_first('initial_checkpoint'):
     checkpoint = initial_checkpoint(c, workdir, task, tok, log=log)
   mesh = sharding.make_mesh(s.mesh)
-  model_config, params = models.load_hf_checkpoint(checkpoint, mesh=mesh, dtype=c.model.dtype,
-                                                   attention_impl=c.model.attention_impl,
-                                                   pallas_backend=c.model.pallas_backend or None,
-                                                   remat=c.model.remat)
+  load = dict(mesh=mesh, dtype=c.model.dtype, attention_impl=c.model.attention_impl,
+              pallas_backend=c.model.pallas_backend or None, remat=c.model.remat)
+  model_config, params = models.load_hf_checkpoint(checkpoint, **load)
   with _section('model'):
     models.check_vocabulary(model_config, tok.vocab_size, where=checkpoint)
   # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn.
@@ -452,9 +485,14 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   if s.value is None:
     state = state_lib.init_state(params, update_settings.optim)
   else:
+    body = params
+    if c.value_critic.init_checkpoint:
+      check_value_checkpoint(c, model_config)  # the vocabulary too, now that it is known
+      body = models.load_hf_checkpoint(c.value_critic.init_checkpoint, **load)[1]
     value_params = value_model.init_value_params(
-        model_config, params, jax.random.fold_in(jax.random.key(c.seed), VALUE_HEAD_KEY),
+        model_config, body, jax.random.fold_in(jax.random.key(c.seed), VALUE_HEAD_KEY),
         head_std=s.value.head_std)
+    del body  # a loaded checkpoint's tree was copied into value_params: free it now
     state = value_critic.init_state(params, value_params, update_settings.optim, s.value)
   state = runtime_lib.place_state(state, mesh)
   rt = runtime_lib.build_runtime(
