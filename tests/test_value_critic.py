@@ -4,7 +4,9 @@ One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 
 identity A_t = R - V(s_t) and a whole step); PPO at its default lambda stopped after a step and
 resumed from an orbax checkpoint; one PACT step with the critic's attention frozen (its
 actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters);
-and a PPO build whose critic starts from another checkpoint.
+a PPO build whose critic starts from another checkpoint.
+Then one `loop.train` step of every config file and argument, after the steps above so that their
+programs come from the compilation cache.
 Responses are cut at 16 tokens so that every batch pads to one length bucket and each jitted
 program compiles once. The task is `LengthCreditTask`, so rewards vary and the actor has real
 gradients.
@@ -24,9 +26,10 @@ from ac2_jax.algorithms import timing
 from ac2_jax.learner import updates, value_critic
 from ac2_jax.models import value as value_model
 from ac2_jax.rl import critic_loss
-from ac2_jax.train import bench_setting, checkpointing, compare, experiment
-from train_fixtures import (comparable, compile_cache, is_finite_number,  # noqa: F401
-                            length_credit_build_task, load_config, tiny_config, train_base)
+from ac2_jax.train import bench_setting, checkpointing, compare, experiment, loop
+from train_fixtures import (check_one_step, comparable, compile_cache,  # noqa: F401
+                            is_finite_number, length_credit_build_task, load_config,
+                            read_records, tiny_config, train_base)
 
 pytestmark = pytest.mark.usefixtures('compile_cache')
 
@@ -310,3 +313,36 @@ def test_critic_checkpoint_of_another_architecture_or_no_checkpoint_is_a_config_
   # AC2 has no value critic: the key is not read.
   experiment.validate(tiny_config(train_base, 'ac2', value_critic__init_checkpoint=str(wider)))
 
+
+# One `loop.train` step of every value-critic config file and argument (the step's own logic is
+# tested above): the config file, metrics.jsonl, evaluation, checkpoint, TensorBoard, plots.
+SMOKE = (('ppo', ''), ('ppo', 'lambda1'), ('ppo', 'frozen'), ('pact', ''), ('pact', 'frozen'))
+
+
+@pytest.mark.parametrize('name, arg', SMOKE)
+def test_one_step_of_each_config_through_loop_train(train_base, tmp_path, monkeypatch, name,
+                                                    arg):
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  # Evaluation samples as the rollouts do, so it reuses their compiled decoder.
+  c = tiny_config(train_base, name, arg, **_small(name, eval__temperature=0.8, eval__top_p=1.0,
+                                                   eval__top_k=0))
+  summary = loop.train(c, str(tmp_path), log=lambda *_: None)
+  records = read_records(str(tmp_path))
+  assert sorted(records) == [0, 1]
+  record = records[1]
+  check_one_step(str(tmp_path), summary, record)
+  with open(tmp_path / 'config.json') as f:
+    written = json.load(f)
+  assert written['algorithm'] == name
+  assert written['value_critic']['freeze_attention'] == (arg == 'frozen')
+  assert record['rows_trained'] == ROWS['problems_per_step'] * ROWS['responses_per_problem']
+  assert record['critic/updates'] == 2 and record['critic/skipped'] == 0.0  # K=1 x 2 minibatches
+  assert record['critic/update_norm'] > 0
+  for key in ('critic/loss', 'critic_error', 'critic/abs_error', 'critic/value_mean'):
+    assert is_finite_number(record[key]), key
+  if name == 'ppo':
+    assert written['ppo']['lam'] == (1.0 if arg == 'lambda1' else 0.95)
+    assert is_finite_number(record['eps_high']) and record['eps_high'] > 0
+  else:  # DIS: no PPO clip
+    assert 'eps_high' not in record
+    assert 0.0 < record['pact/kept_fraction'] <= 1.0

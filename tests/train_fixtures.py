@@ -32,7 +32,7 @@ from ac2_jax import models
 from ac2_jax.judges import grading
 from ac2_jax.tasks import base as task_base
 from ac2_jax.tasks import builtin, builtin_sft
-from ac2_jax.train import experiment, loop
+from ac2_jax.train import checkpointing, experiment, loop
 from ac2_jax.train import sft as sft_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +140,37 @@ def read_records(workdir: str) -> dict[int, dict]:
       assert record['step'] not in records, f'step {record["step"]} logged twice'
       records[record['step']] = record
   return records
+
+
+def check_one_step(workdir: str, summary, record: dict) -> None:
+  """What every algorithm's one-step `loop.train` run on LengthCreditTask writes: the step-1
+  metrics `record` with real actor updates on both minibatches, evaluations at steps 0 and 1, an
+  orbax checkpoint, TensorBoard events, plots and the summary. (`eps_high` is the caller's: PACT's
+  DIS actor loss has no PPO clip.)"""
+  assert summary.last_step == 1
+  for score in (summary.start_score, summary.final_score):
+    assert is_finite_number(score) and 0.0 <= score <= 1.0
+  assert is_finite_number(record['decoding_flops']) and record['decoding_flops'] > 0
+  assert record['decoding_flops_cum'] == record['decoding_flops']
+  assert record['tokens_generated'] > 0 and record['rows_trained'] > 0
+  assert is_finite_number(record['entropy']) and record['entropy'] > 0
+  assert record['step_time'] > 0
+  assert record['val/mean_score'] == summary.final_score  # evaluated at the last step
+  assert record['judge_failures'] == 0
+  # LengthCreditTask: varied rewards, so real advantages and real actor updates.
+  assert record['adv/abs_mean'] > 0
+  for minibatch in ('actor1', 'actor2'):
+    assert record[f'{minibatch}/skipped'] == 0.0
+    assert record[f'{minibatch}/tokens'] > 0
+    assert is_finite_number(record[f'{minibatch}/loss'])
+    assert record[f'{minibatch}/grad_norm'] > 0 and record[f'{minibatch}/update_norm'] > 0
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  assert ckpt.latest_step() == 1
+  ckpt.close()
+  assert os.listdir(os.path.join(workdir, 'tb'))
+  assert summary.plots and all(os.path.getsize(p) > 0 for p in summary.plots)
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    assert json.load(f)['last_step'] == 1
 
 
 def comparable(record: dict) -> dict:
