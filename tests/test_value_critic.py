@@ -4,7 +4,7 @@ One build per algorithm (module fixtures), shared by the tests: PPO at lambda = 
 identity A_t = R - V(s_t) and a whole step); PPO at its default lambda stopped after a step and
 resumed from an orbax checkpoint; one PACT step with the critic's attention frozen (its
 actor-then-critic order checked by hand from the stored log-probs, and the frozen parameters);
-a PPO build whose critic starts from another checkpoint.
+a PPO build whose critic starts from another checkpoint; the paper-scale arguments' validation.
 Then one `loop.train` step of every config file and argument, after the steps above so that their
 programs come from the compilation cache.
 Responses are cut at 16 tokens so that every batch pads to one length bucket and each jitted
@@ -312,6 +312,38 @@ def test_critic_checkpoint_of_another_architecture_or_no_checkpoint_is_a_config_
       assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
   # AC2 has no value critic: the key is not read.
   experiment.validate(tiny_config(train_base, 'ac2', value_critic__init_checkpoint=str(wider)))
+
+
+def test_paper_scale_arguments_validate(tmp_path):
+  """configs/{ppo,pact}.py:qwen3_4b[,ARG] with the files the proof task needs (config.json only:
+  validation reads no weights). Their dry runs take ~40 s each on this CPU, so they are not run
+  here (test_dry_run.py runs the documented AC2 ones)."""
+  dirs = {name: tmp_path / name for name in ('qwen3_4b', 'qwen3_0_6b', 'train', 'validation')}
+  for name, d in dirs.items():
+    d.mkdir()
+    if name.startswith('qwen3'):
+      (d / 'config.json').write_text(json.dumps(models.get_config(name).to_hf_dict()))
+
+  def config(name, arg, **critic):
+    c = load_config(name, arg)
+    c.model.init_checkpoint = str(dirs['qwen3_4b'])
+    c.task.proofs_train_dir, c.task.proofs_validation_dir = (str(dirs['train']),
+                                                             str(dirs['validation']))
+    c.judge.base_url, c.judge.model = 'http://localhost:8000/v1', 'judge'
+    c.value_critic.update(critic)
+    return c
+
+  for name, arg in (('ppo', 'qwen3_4b'), ('ppo', 'qwen3_4b,lambda1'), ('ppo', 'qwen3_4b,frozen'),
+                    ('pact', 'qwen3_4b'), ('pact', 'qwen3_4b,frozen')):
+    s = experiment.validate(config(name, arg), num_devices=8)
+    assert s.value.learning_rate == 5e-6 and s.value.freeze_attention == ('frozen' in arg)
+    assert s.sft is None and s.judges is not None
+    if name == 'ppo':
+      assert s.ppo.lam == (1.0 if 'lambda1' in arg else 0.95)
+  # The critic from another checkpoint of the policy's architecture, or not.
+  experiment.validate(config('ppo', 'qwen3_4b', init_checkpoint=str(dirs['qwen3_4b'])), 8)
+  with pytest.raises(experiment.ConfigError, match=r'hidden_size 1024 \(policy 2560\)'):
+    experiment.validate(config('pact', 'qwen3_4b', init_checkpoint=str(dirs['qwen3_0_6b'])), 8)
 
 
 # One `loop.train` step of every value-critic config file and argument (the step's own logic is
