@@ -5,6 +5,7 @@
   python launch/bench.py controller   # plan + observe of a paper-sized AC2 step
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
   python launch/bench.py critic --workdir=DIR   # can the critic judge the policy's prefixes?
+  python launch/bench.py critic_exact --workdir=DIR   # can it learn exact prefix values at all?
 """
 
 import sys
@@ -22,8 +23,11 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import judge as bench
   elif name == 'critic':
     from ac2_jax.bench import critic as bench
+  elif name == 'critic_exact':
+    from ac2_jax.bench import critic_exact as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, kernels, controller, judge or critic')
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, kernels, controller, judge, '
+                     'critic or critic_exact')
   bench.main(argv)
 
 

@@ -341,24 +341,6 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   return curve
 
 
-def _override(config, item: str) -> None:
-  """Sets `KEY=VALUE` on the config, with the type of the key's current value."""
-  key, sep, text = item.partition('=')
-  *path, leaf = key.split('.')
-  node = config
-  try:
-    for part in path:
-      node = node[part]
-    old = node[leaf]
-  except KeyError:
-    raise SystemExit(f'--set={item}: unknown config key {key!r}') from None
-  if not sep:
-    raise SystemExit(f'--set={item}: expected KEY=VALUE')
-  with config.unlocked():
-    node[leaf] = (text.lower() in ('1', 'true', 'yes') if isinstance(old, bool)
-                  else type(old)(text))
-
-
 def main(argv: Sequence[str]) -> None:
   parser = argparse.ArgumentParser(prog='bench.py critic', description=__doc__.split('\n')[0])
   parser.add_argument('--config', default='configs/ac2.py', help='config file[:arg]')
@@ -372,17 +354,9 @@ def main(argv: Sequence[str]) -> None:
                       help='pickle of the labelled prefixes: read if it exists, else written '
                            '(one set serves every lever that leaves the policy and labels alone)')
   args = parser.parse_args(argv)
-  from absl import flags
-  from ml_collections import config_flags
   from ac2_jax.learner import rows as rollouts
-  from ac2_jax.train import experiment
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'config file', flag_values=flag_values,
-                                  lock_config=True)
-  flag_values(['probe', f'--config={args.config}'])
-  config = flag_values.config
-  for item in args.set:
-    _override(config, item)
+  from ac2_jax.train import cli, experiment
+  config = cli.config_from_args(args.config, args.set)
   settings = ProbeSettings(**{f.name: getattr(args, f.name)
                               for f in dataclasses.fields(ProbeSettings)})
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)

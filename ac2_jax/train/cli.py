@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+from typing import Sequence
 
 from absl import flags
 
@@ -49,17 +50,17 @@ def _one_line(text: str) -> str:
   return ' '.join(text.split())
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """`app.run(main, flags_parser=parse_flags)`: absl parsing, every flag error in one line."""
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except AttributeError as e:
     sys.exit(f'FATAL Flags parsing error: {_unknown_key_message(e, argv)}')
   except flags.Error as e:  # a value of the wrong type, a missing required flag
     sys.exit(f'FATAL Flags parsing error: {_one_line(e)}')
 
 
-def load_config(holder, name: str = 'config'):
+def load_config(holder, name: str = 'config', flag_values: flags.FlagValues = flags.FLAGS):
   """`holder.value` of a `config_flags.DEFINE_config_file` flag, or exit with one line.
 
   ml_collections loads the file lazily and reports a failure as a chained multi-line error.
@@ -69,7 +70,7 @@ def load_config(holder, name: str = 'config'):
     config.keys()  # a file that failed to load gives a stand-in that raises on any access
     return config
   except Exception as e:  # noqa: BLE001 - any error of the user's config file ends here
-    spec = str(getattr(flags.FLAGS[name], 'config_filename', '') or '')
+    spec = str(getattr(flag_values[name], 'config_filename', '') or '')
     path = spec.split(':', 1)[0]
     if path and not os.path.isfile(path):
       sys.exit(f'FATAL config error: --{name}={spec}: no such file {path!r}')
@@ -78,3 +79,17 @@ def load_config(holder, name: str = 'config'):
       inner = inner.__cause__ or inner.__context__
     message = _one_line(str(inner).split('\n', 1)[0] or type(inner).__name__)
     sys.exit(f'FATAL config error: --{name}={spec}: {message}')
+
+
+def config_from_args(config_arg: str, overrides: Sequence[str] = ()):
+  """The config `--config=config_arg` with `KEY=VALUE` overrides, parsed as a launcher parses
+  `--config.KEY=VALUE` (typed by the key; a bad key, value or file ends with one line): for
+  scripts such as the benchmarks that take their own arguments."""
+  from ml_collections import config_flags
+  argv = ['script', f'--config={config_arg}'] + [f'--config.{item}' for item in overrides]
+  flag_values = flags.FlagValues()
+  # The override flags are defined from `sys_argv` (by default the process's own arguments).
+  holder = config_flags.DEFINE_config_file('config', None, 'config file', flag_values=flag_values,
+                                           lock_config=True, sys_argv=argv)
+  parse_flags(argv, flag_values)
+  return load_config(holder, flag_values=flag_values)

@@ -1,0 +1,189 @@
+"""Can the critic learn exact prefix values at all? (`python launch/bench.py critic_exact`)
+
+The critic probe (`bench/critic.py`) trains on Monte Carlo labels of the policy's own prefixes, so a
+critic that stays near a constant there may lack data, be drowned by label noise, or be unable to
+compute the value at all. This benchmark takes the noise and the policy out: prefixes of the
+warm-start corpus (each step wrong with probability `mistake_rate`, the solver carrying on from
+what it wrote), cut inside the reasoning, labelled with their exact expected value
+(`builtin_sft.prefix_value`), trained through the real critic prompt, loss and update, and read on
+prefixes of held-out (validation) problems. It prints, every `eval_every` pairs:
+
+- the critic's MAE against the constant predictor's, the correlation of its reads with the exact
+  values, and the spread of its reads (a critic that answers one value has spread 0);
+- two baselines on the same held-out prefixes: `lookup`, the mean training value of prefixes with
+  the same (lines written, lines credited), which needs the lines checked; and `position`, the same
+  by lines written alone, which a reader that only counts lines could reach.
+
+`--labels=start` swaps the values for start value / 10: a positive control any reader of the prompt
+can learn, which shows the update itself can move the critic's reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from typing import Iterator, Sequence
+
+import jax
+import numpy as np
+
+from ac2_jax import critic as critic_lib
+from ac2_jax import sampling
+from ac2_jax.bench import critic as probe
+from ac2_jax.tasks import builtin, builtin_sft
+
+LABELS = ('value', 'start')
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactSettings:
+  pairs: int = 6_400
+  pairs_per_update: int = 32
+  eval_every: int = 1_280
+  learning_rate: float = 1e-3
+  mistake_rate: float = 0.3     # per-step mistake rate of the corpus the prefixes come from
+  held_out: int = 512           # prefixes of validation problems
+  baseline_pairs: int = 4_000   # training prefixes the baselines' tables are built from
+  with_reference: float = 1.0   # share of critic prompts that carry the reference solution
+  labels: str = 'value'         # 'value' | 'start' (the positive control)
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.labels not in LABELS:
+      raise ValueError(f'labels must be one of {LABELS}, got {self.labels!r}')
+    if not 0.0 <= self.mistake_rate < 1.0:
+      raise ValueError(f'mistake_rate must lie in [0, 1), got {self.mistake_rate}')
+    if min(self.pairs_per_update, self.eval_every, self.held_out) < 1 or self.pairs < 0:
+      raise ValueError('pairs >= 0 and pairs_per_update, eval_every, held_out >= 1 required')
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactPrefix:
+  context: np.ndarray           # the critic prompt's token ids
+  value: float                  # exact expected points / 7 (or the control's label)
+  lines: tuple[int, int]        # (lines written, lines credited)
+
+
+def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[ExactPrefix]:
+  """Corpus prefixes of `split`'s problems, cut at a uniform token of the reasoning, forever."""
+  tok, task = rt.tokenizer, rt.task
+  records = task.records(split)
+  rng = np.random.default_rng(seed)
+  think_close = tok.token_id('</think>')
+  while True:
+    record = records[int(rng.integers(len(records)))]
+    problem = builtin.parse_problem(record.prompt)
+    values = builtin_sft.sample_values(problem, rng, 0.0, settings.mistake_rate)
+    response = builtin_sft.response_ids(tok, problem, values)
+    prefix = response[:int(rng.integers(response.index(think_close) + 1))]
+    reference = (record.reference_solution if rng.random() < settings.with_reference else None)
+    context = rt.critic_context(np.asarray(task.prompt_ids(tok, record), np.int32),
+                                np.asarray(prefix, np.int32), reference)
+    if context is None:
+      raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
+    text = tok.decode(prefix)
+    value = (problem.start / 10 if settings.labels == 'start' else builtin_sft.prefix_value(
+        problem, values, text, 1.0 - settings.mistake_rate, task.settings.scoring))
+    yield ExactPrefix(context, float(value), probe.line_counts(task, record, text))
+
+
+def _table_baseline(train: Sequence[ExactPrefix], key) -> callable:
+  mean = float(np.mean([p.value for p in train]))
+  groups: dict = {}
+  for p in train:
+    groups.setdefault(key(p), []).append(p.value)
+  table = {k: float(np.mean(v)) for k, v in groups.items()}
+  return lambda p: table.get(key(p), mean)
+
+
+def figures(reads: np.ndarray, held: Sequence[ExactPrefix], constant: float) -> dict:
+  values = np.array([p.value for p in held])
+  return {'mae': float(np.abs(reads - values).mean()),
+          'mae_constant': float(np.abs(values - constant).mean()),
+          'corr': probe._corr(reads, values), 'spread': float(reads.std()),
+          'value_spread': float(values.std())}
+
+
+def expected_reads(rt, params, held: Sequence[ExactPrefix]) -> np.ndarray:
+  """The expectation readout over the grid tokens (one forward per prefix)."""
+  grid_ids = [critic_lib.value_target_ids(rt.tokenizer, v)[0] for v in critic_lib.GRID]
+  probs_NxM = sampling.token_distribution(rt.model_config, params, [p.context for p in held],
+                                          grid_ids, renormalize=True, mesh=rt.mesh)
+  return probs_NxM @ np.asarray(critic_lib.GRID, np.float64)
+
+
+def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_report=None
+        ) -> list[dict]:
+  """Trains the critic alone on exact-valued corpus prefixes; evaluates on held-out problems."""
+  held = [next(it) for it in [prefixes(rt, settings, 'validation', settings.seed + 1)]
+          for _ in range(settings.held_out)]
+  base = prefixes(rt, settings, 'train', settings.seed + 2)
+  base_set = [next(base) for _ in range(settings.baseline_pairs)]
+  constant = float(np.mean([p.value for p in base_set]))
+  baselines = {'lookup': _table_baseline(base_set, lambda p: p.lines),
+               'position': _table_baseline(base_set, lambda p: p.lines[0])}
+  base_figs = {name: figures(np.array([f(p) for p in held]), held, constant)
+               for name, f in baselines.items()}
+  stream = prefixes(rt, settings, 'train', settings.seed + 3)
+  curve, done, start = [], 0, time.time()
+
+  def report():
+    fig = figures(expected_reads(rt, state.params, held), held, constant)
+    entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs}
+    curve.append(entry)
+    if on_report is not None:
+      on_report(curve)
+    log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
+        f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
+        f'{fig["corr"]:+.3f} (lookup {base_figs["lookup"]["corr"]:+.3f}, position '
+        f'{base_figs["position"]["corr"]:+.3f})  spread {fig["spread"]:.3f} (values '
+        f'{fig["value_spread"]:.3f})')
+
+  report()
+  lr = np.float32(settings.learning_rate)
+  while done < settings.pairs:
+    batch_prefixes = [next(stream) for _ in range(settings.pairs_per_update)]
+    records = [probe._Record('', p.context[:0], None, critic_lib.round_to_grid(p.value), 1.0)
+               for p in batch_prefixes]
+    batch = records_batch(rt, [p.context for p in batch_prefixes], records)
+    state, _ = rt.critic_step(state, batch, lr)
+    done += len(batch_prefixes)
+    if done // settings.eval_every != (done - len(batch_prefixes)) // settings.eval_every:
+      report()
+  if curve[-1]['pairs'] != done:
+    report()
+  return curve
+
+
+def main(argv: Sequence[str]) -> None:
+  parser = argparse.ArgumentParser(prog='bench.py critic_exact', description=__doc__.split('\n')[0])
+  parser.add_argument('--config', default='configs/ac2.py', help='config file[:arg]')
+  parser.add_argument('--workdir', required=True, help='run directory (its warm start is reused)')
+  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                      help='config override, e.g. --set=task.builtin_scoring=leading')
+  for f in dataclasses.fields(ExactSettings):
+    parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
+  parser.add_argument('--out', default='', help='JSON file for the learning curve')
+  args = parser.parse_args(argv)
+  from ac2_jax.learner import rows
+  from ac2_jax.train import cli, experiment
+  config = cli.config_from_args(args.config, args.set)
+  try:
+    settings = ExactSettings(**{f.name: getattr(args, f.name)
+                                for f in dataclasses.fields(ExactSettings)})
+  except ValueError as e:
+    raise SystemExit(f'bench.py critic_exact: {e}') from None
+  rt, _, state = experiment.build(config, args.workdir, log=lambda *a: None)
+
+  def save(curve):
+    if args.out:
+      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+      with open(args.out, 'w') as f:
+        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
+                   'overrides': args.set, 'curve': curve}, f, indent=1)
+
+  jax.block_until_ready(state.params)
+  run(rt, state, settings, records_batch=rows.critic_records_batch, on_report=save)

@@ -1,0 +1,60 @@
+"""The exact-label critic benchmark (ac2_jax/bench/critic_exact.py) on a tiny checkpoint."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ac2_jax.bench import critic_exact
+from ac2_jax.learner import rows
+from ac2_jax.tasks import builtin
+from ac2_jax.train import cli, experiment
+from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
+
+
+def test_settings_refuse_bad_values():
+  with pytest.raises(ValueError, match='labels'):
+    critic_exact.ExactSettings(labels='mode')
+  with pytest.raises(ValueError, match='mistake_rate'):
+    critic_exact.ExactSettings(mistake_rate=1.0)
+
+
+def test_config_from_args_types_overrides_and_refuses_unknown_keys():
+  c = cli.config_from_args('configs/ac2.py', ['controller.tau_local=0.1', 'task.builtin_steps=6'])
+  assert c.controller.tau_local == 0.1 and c.task.builtin_steps == 6
+  with pytest.raises(SystemExit, match='unknown config key'):
+    cli.config_from_args('configs/ac2.py', ['controller.tau_lokal=0.1'])
+  with pytest.raises(SystemExit, match='no such file'):
+    cli.config_from_args('configs/nope.py')
+
+
+def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path):
+  c = tiny_config(train_base, 'ac2')
+  rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  # Without mistakes every line is right: each prefix is worth all 7 points.
+  clean = critic_exact.ExactSettings(mistake_rate=0.0)
+  stream = critic_exact.prefixes(rt, clean, 'validation', seed=0)
+  valid_ids = {tuple(rt.task.prompt_ids(rt.tokenizer, r)) for r in rt.task.records('validation')}
+  for _ in range(8):
+    p = next(stream)
+    assert p.value == pytest.approx(1.0)
+    written, credited = p.lines
+    assert written == credited
+    assert any(tuple(p.context[:len(ids)]) == ids for ids in valid_ids)
+  # The control's label is the start value / 10, read off the critic prompt.
+  control = dataclasses.replace(clean, labels='start')
+  p = next(critic_exact.prefixes(rt, control, 'train', seed=0))
+  start = builtin.parse_problem(rt.tokenizer.decode(p.context.tolist()).split('\n', 1)[1]).start
+  assert p.value == pytest.approx(start / 10)
+  settings = critic_exact.ExactSettings(pairs=32, pairs_per_update=16, eval_every=16, held_out=8,
+                                        baseline_pairs=32)
+  curve = critic_exact.run(rt, state, settings, records_batch=rows.critic_records_batch,
+                           log=lambda *_: None)
+  assert [e['pairs'] for e in curve] == [0, 16, 32]
+  for entry in curve:
+    fig = entry['critic']
+    assert 0.0 <= fig['mae'] <= 1.0 and fig['spread'] >= 0.0 and -1.0 <= fig['corr'] <= 1.0
+  # The lookup by (lines written, lines credited) can only beat the one by lines written alone
+  # on its own training table; on held-out prefixes it may not, but both are real figures.
+  assert set(curve[0]) >= {'lookup', 'position'}
+  assert curve[0]['lookup']['mae_constant'] == curve[0]['critic']['mae_constant']
