@@ -433,7 +433,8 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
                                                    remat=c.model.remat)
   with _section('model'):
     models.check_vocabulary(model_config, tok.vocab_size, where=checkpoint)
-  # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn.
+  # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn
+  # (samplers, critic reads) nor normalised over (the learner's log-probs), one value for all.
   valid_vocab = tok.vocab_size if model_config.vocab_size > tok.vocab_size else 0
   update_settings = updates.UpdateSettings(
       model=model_config,
@@ -443,7 +444,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
                                     critic_grad_clip=c.critic.grad_clip),
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
       dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk,
+      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab,
       **(dict(policy_loss='dis', dis_low=s.pact.dis_low, dis_high=s.pact.dis_high)
          if s.pact else {}))
   longest_prompt = max(len(task.prompt_ids(tok, r))
