@@ -427,10 +427,16 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   with distributed.main_process_first('initial_checkpoint'):
     checkpoint = initial_checkpoint(c, workdir, task, tok, log=log)
   mesh = sharding.make_mesh(s.mesh)
-  model_config, params = models.load_hf_checkpoint(checkpoint, mesh=mesh, dtype=c.model.dtype,
-                                                   attention_impl=c.model.attention_impl,
-                                                   pallas_backend=c.model.pallas_backend or None,
-                                                   remat=c.model.remat)
+  try:
+    model_config, params = models.load_hf_checkpoint(checkpoint, mesh=mesh, dtype=c.model.dtype,
+                                                     attention_impl=c.model.attention_impl,
+                                                     pallas_backend=c.model.pallas_backend or None,
+                                                     remat=c.model.remat)
+  except (OSError, ValueError) as e:
+    # A truncated or foreign checkpoint is the user's to fix: one line, and the loader's message
+    # already names the file (models/checkpoint.py).
+    raise ConfigError(f'checkpoint {checkpoint} does not load: ' + ' '.join(str(e).split())
+                      ) from None
   with _section('model'):
     models.check_vocabulary(model_config, tok.vocab_size, where=checkpoint)
   # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn
