@@ -3,7 +3,8 @@ keyed SFT cache, checkpoint fallback on damage, and preemption (SIGTERM) with ex
 
 The launcher rows run `launch/tpu_run.py` in a subprocess: each asserts the exit status, one line
 naming the problem (no traceback) and that nothing was lost. Validation failures exit before the
-data build and the warm start, so each takes only the launcher's imports."""
+data build and the warm start, so each takes only the launcher's imports; a bad data file, a
+damaged checkpoint or one with too few vocabulary rows exit after reading it, still in seconds."""
 
 import filecmp
 import hashlib
@@ -18,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers
 
-from ac2_jax import models
+from ac2_jax import models, tokenization
 from ac2_jax.train import checkpointing, cli, experiment, loop, run_record
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (REPO, SMALL, apply, as_flags, comparable, compile_cache,  # noqa: F401
@@ -317,6 +319,35 @@ def test_launcher_rejects_a_checkpoint_that_does_not_fit(request, train_base, ba
     return
   assert filecmp.cmp(os.path.join(ref, 'config.json'), workdir / 'config.json', shallow=False)
   assert before == {n: _tree_digest(str(workdir / n)) for n in ('checkpoints', 'sft')}
+
+
+@pytest.mark.slow
+def test_launcher_names_a_bad_data_file(tmp_path):
+  """The proof task with an empty training file fails in the data build, before any model or
+  judge is touched: exit 1, one line naming the file (every kind of bad file and its message:
+  tests/test_proofs_data.py)."""
+  checkpoint = tmp_path / 'checkpoint'  # of a checkpoint, the data build reads the tokenizer
+  checkpoint.mkdir()
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.train_from_iterator(['Prove that two is even.'] * 10, trainer=tokenizers.trainers.BpeTrainer(
+      vocab_size=300, show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+  tok.add_special_tokens([tokenization.END_OF_TEXT, tokenization.IM_START, tokenization.IM_END])
+  tok.add_tokens([tokenization.THINK_OPEN, tokenization.THINK_CLOSE])
+  tok.save(str(checkpoint / 'tokenizer.json'))
+  (checkpoint / 'config.json').write_text('{}')
+  train = tmp_path / 'train'
+  train.mkdir()
+  (train / 'train.jsonl').write_bytes(b'')
+  values = {'task.name': 'proofs', 'task.proofs_train_dir': train,
+            'task.proofs_validation_dir': os.path.join(REPO, 'tests', 'fixtures', 'proofs',
+                                                       'imo_proofbench_csv'),
+            'task.data_dir': tmp_path / 'data', 'model.init_checkpoint': checkpoint,
+            'judge.base_url': 'http://127.0.0.1:9/v1', 'judge.model': 'judge'}
+  out = _launch(AC2, tmp_path / 'run', as_flags(values))
+  _assert_one_line_error(out, f'{train / "train.jsonl"}: empty file: no rows')
+  assert not (tmp_path / 'run').exists()
 
 
 @pytest.mark.slow

@@ -373,12 +373,17 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
       validation_manual_dir=c.task.proofs_validation_dir, data_dir=data_dir,
       train=dataclasses.replace(proofs_tfds.FINEPROOFS_RL, skip_malformed=skip),
       validation=dataclasses.replace(proofs_tfds.IMO_PROOFBENCH, skip_malformed=skip))
-  tok = tokenization.HFTokenizer.from_file(tokenizer_dir)
-  # Process 0 calls the server and broadcasts the grades (see train/distributed.py).
-  task = proofs.make_proof_task(
-      data, train_judge=distributed.MainProcessJudge(judges.HttpJudge(training)),
-      validation_judge=distributed.MainProcessJudge(judges.HttpJudge(validation)),
-      tokenizer=tok)
+  try:
+    tok = tokenization.HFTokenizer.from_file(tokenizer_dir)
+    # Process 0 calls the server and broadcasts the grades (see train/distributed.py).
+    task = proofs.make_proof_task(
+        data, train_judge=distributed.MainProcessJudge(judges.HttpJudge(training)),
+        validation_judge=distributed.MainProcessJudge(judges.HttpJudge(validation)),
+        tokenizer=tok)
+  except (OSError, ValueError) as e:
+    # A bad data file or tokenizer.json is the user's to fix: one line, and the message already
+    # names the file (and row) (tasks/proofs_files.py, tokenization.py).
+    raise ConfigError(' '.join(str(e).split())) from None
   return task, tok
 
 
