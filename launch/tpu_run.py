@@ -8,8 +8,9 @@ flags are needed: `jax.distributed.initialize()` discovers the cluster. Elsewher
 `--coordinator=HOST:PORT --num_processes=N --process_id=I` (process 0 listens on HOST:PORT).
 `--config.dry_run=True` checks shapes, shardings and memory per device of the full-size model
 with `jax.eval_shape` on any CPU, without starting the cluster, loading or writing anything.
-Exit status: 0 finished; 1 a user error (bad flag or config, a resume with another config), one line
-on stderr, nothing written; 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGINT with a checkpoint saved:
+Exit status: 0 finished; 1 a user error (bad flag or config, a resume with another config, a
+checkpoint that does not load or lacks rows for the tokenizer's ids), one line on stderr, nothing
+written; 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGINT with a checkpoint saved:
 rerun the same command to continue. `--allow_config_change` resumes a workdir with a config that
 differs in keys outside `run_record.RESUMABLE_KEYS`.
 See docs/tpu.md and docs/gpu.md.

@@ -174,6 +174,14 @@ def test_entropy_and_token_logprobs():
   assert entropy.entropy_from_logits(logits, 0.05)[0, 1] < 1e-6
   lp = jax.jit(entropy.token_logprobs)(logits, jnp.array([[3, 0]]), 2.0)
   np.testing.assert_allclose(lp, [[np.log(0.25), np.log(p2[0])]], rtol=1e-6)
+  # A vocabulary padded past its 3 tokens: the 4th row leaves the support, as in the sampler.
+  np.testing.assert_allclose(entropy.token_logprobs(logits, jnp.array([[2, 3]]), 1.0, 3),
+                             [[np.log(1 / 3), -np.inf]], rtol=1e-6)
+  q = p[:2] / p[:2].sum()
+  np.testing.assert_allclose(entropy.entropy_from_logits(logits, 1.0, 3)[0],
+                             [np.log(3.0), -(q * np.log(q)).sum()], rtol=1e-6)
+  with pytest.raises(ValueError, match='exceeds the 4 vocabulary rows'):
+    entropy.token_logprobs(logits, jnp.array([[2, 3]]), 1.0, 5)
   np.testing.assert_allclose(
       entropy.masked_mean(jnp.array([[1.0, 3.0, 100.0]]), jnp.array([[1, 1, 0]])), 2.0)
   with pytest.raises(ValueError, match='temperature'):

@@ -1,5 +1,7 @@
 """Critic reads: greedy short decode and the one-forward readout over value tokens (tiny preset)."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 
 from ac2_jax import models
 from ac2_jax import sampling
+from ac2_jax.learner import rows
 
 CONFIG = models.get_config('tiny')
 
@@ -69,3 +72,47 @@ def test_token_distribution_matches_forward(params):
     sampling.token_distribution(CONFIG, params, CONTEXTS, [512])
   with pytest.raises(ValueError, match='empty'):
     sampling.token_distribution(CONFIG, params, CONTEXTS, [])
+
+
+VALID = 300  # token ids of a tokenizer whose checkpoint pads the embedding to CONFIG's 512 rows
+
+
+@pytest.fixture(scope='module')
+def padded(params):
+  """The padding rows' logits made the largest, so an unmasked read picks one at every step."""
+  kernel = params['lm_head']['kernel']
+  return {**params, 'lm_head': {'kernel': kernel.at[:, VALID:].add(
+      jnp.sign(kernel[:, VALID:]) * 5.0)}}
+
+
+def test_critic_reads_stay_in_the_tokenizer_vocabulary(padded):
+  unmasked = sampling.greedy_decode(CONFIG, padded, CONTEXTS, stop_ids=())
+  assert all(np.all(r >= VALID) for r in unmasked)
+  reads = sampling.greedy_decode(CONFIG, padded, CONTEXTS, stop_ids=(), valid_vocab_size=VALID)
+  logits = padded_logits(padded, [np.concatenate([c, r]) for c, r in zip(CONTEXTS, reads)])
+  for i, (c, r) in enumerate(zip(CONTEXTS, reads)):
+    assert len(r) == 4
+    np.testing.assert_array_equal(r, np.argmax(logits[i, len(c) - 1:len(c) + 3, :VALID], -1))
+  # The learner's critic read passes the runtime's support; a tokenizer would reject a padding id.
+  decoded = []
+
+  def decode(ids):
+    assert max(ids, default=0) < VALID, ids
+    decoded.append(list(ids))
+    return '0.5'
+
+  rt = types.SimpleNamespace(
+      model_config=CONFIG, mesh=None, max_total_len=64, max_sample_batch=None,
+      valid_vocab_size=VALID, critic_context=lambda prompt, response, ref: prompt,
+      tokenizer=types.SimpleNamespace(eos_id=VALID - 1, decode=decode))
+  values = rows.critic_reads(rt, padded, CONTEXTS, [None] * 3, [None] * 3)
+  assert values == [0.5] * 3 and decoded == [r.tolist() for r in reads]
+  # The one-forward readout normalises over the same support.
+  ids = [5, 17, VALID - 1]
+  raw = sampling.token_distribution(CONFIG, padded, CONTEXTS, ids, valid_vocab_size=VALID)
+  logits = padded_logits(padded, CONTEXTS)
+  for i, c in enumerate(CONTEXTS):
+    probs = np.asarray(jax.nn.softmax(logits[i, len(c) - 1, :VALID]))
+    np.testing.assert_allclose(raw[i], probs[ids], rtol=1e-4, atol=1e-7)
+  with pytest.raises(ValueError, match=f'outside \\[0, {VALID}\\)'):
+    sampling.token_distribution(CONFIG, padded, CONTEXTS, [VALID], valid_vocab_size=VALID)

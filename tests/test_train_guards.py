@@ -3,7 +3,8 @@ keyed SFT cache, checkpoint fallback on damage, and preemption (SIGTERM) with ex
 
 The launcher rows run `launch/tpu_run.py` in a subprocess: each asserts the exit status, one line
 naming the problem (no traceback) and that nothing was lost. Validation failures exit before the
-data build and the warm start, so each takes only the launcher's imports."""
+data build and the warm start, so each takes only the launcher's imports; a bad data file, a
+damaged checkpoint or one with too few vocabulary rows exit after reading it, still in seconds."""
 
 import filecmp
 import hashlib
@@ -14,10 +15,13 @@ import signal
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers
 
+from ac2_jax import models, tokenization
 from ac2_jax.train import checkpointing, cli, experiment, loop, run_record
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (REPO, SMALL, apply, as_flags, comparable, compile_cache,  # noqa: F401
@@ -206,8 +210,14 @@ def _tree_digest(path):
   return digest.hexdigest()
 
 
+def _env():
+  """The launcher imports this checkout (not another one an editable install points to)."""
+  return {**os.environ, 'PYTHONPATH': os.pathsep.join(
+      [REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}
+
+
 def _launch(config, workdir, flags, compile_cache=None, timeout=120):
-  env = dict(os.environ)
+  env = _env()
   if compile_cache:
     env.update(JAX_COMPILATION_CACHE_DIR=compile_cache,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5')
@@ -273,6 +283,82 @@ def test_launcher_keeps_an_existing_run(reference, train_base, tmp_path, config,
                     for name in ('checkpoints', 'sft')}
 
 
+@pytest.fixture(scope='module')
+def bad_checkpoints(train_base, tmp_path_factory):
+  """{name: (checkpoint dir, the path its error must name)}: the warm start with its safetensors
+  cut in half, and a model with 8 vocabulary rows fewer than the tokenizer has ids."""
+  root = tmp_path_factory.mktemp('bad_checkpoints')
+  truncated = str(root / 'truncated')
+  shutil.copytree(train_base[1], truncated)
+  weights = os.path.join(truncated, 'model.safetensors')
+  with open(weights, 'r+b') as f:
+    f.truncate(os.path.getsize(weights) // 2)
+  with open(os.path.join(train_base[1], 'config.json')) as f:
+    ids = json.load(f)['vocab_size']  # the warm start has a row for every tokenizer id
+  small = str(root / 'small_vocabulary')
+  config = models.get_config('tiny', vocab_size=ids - 8, num_layers=2)
+  models.save_hf_checkpoint(config, models.init_params(config, jax.random.key(0)), small)
+  return {'truncated': (truncated, weights), 'small_vocabulary': (small, small)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name, existing, message', [
+    ('truncated', False, 'not a readable safetensors file'),
+    ('small_vocabulary', False, 'vocabulary rows but the tokenizer has'),
+    # Resuming a run with another checkpoint (allowed explicitly) that then fails to load: the
+    # run's config.json stays the one its checkpoints were written with.
+    ('truncated', True, 'not a readable safetensors file'),
+])
+def test_launcher_rejects_a_checkpoint_that_does_not_fit(request, train_base, bad_checkpoints,
+                                                         tmp_path, name, existing, message):
+  checkpoint, path = bad_checkpoints[name]
+  workdir = tmp_path / 'run'
+  values = {**overrides(train_base), 'model.init_checkpoint': checkpoint}
+  if existing:
+    ref = request.getfixturevalue('reference')[1]  # built only for this case
+    shutil.copytree(ref, workdir)
+    before = {n: _tree_digest(str(workdir / n)) for n in ('checkpoints', 'sft')}
+    values.update({'num_steps': STEPS, 'checkpoint_every': 1, 'checkpoints_kept': 3})
+  out = _launch(AC2, workdir, as_flags(values) + ['--allow_config_change'] * existing)
+  _assert_one_line_error(out, message)
+  fatal = next(line for line in out.stderr.splitlines() if line.startswith('FATAL'))
+  assert f'{path}: ' in fatal, fatal
+  if not existing:
+    assert not workdir.exists()  # no config.json of a run that never started
+    return
+  assert filecmp.cmp(os.path.join(ref, 'config.json'), workdir / 'config.json', shallow=False)
+  assert before == {n: _tree_digest(str(workdir / n)) for n in ('checkpoints', 'sft')}
+
+
+@pytest.mark.slow
+def test_launcher_names_a_bad_data_file(tmp_path):
+  """The proof task with an empty training file fails in the data build, before any model or
+  judge is touched: exit 1, one line naming the file (every kind of bad file and its message:
+  tests/test_proofs_data.py)."""
+  checkpoint = tmp_path / 'checkpoint'  # of a checkpoint, the data build reads the tokenizer
+  checkpoint.mkdir()
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.train_from_iterator(['Prove that two is even.'] * 10, trainer=tokenizers.trainers.BpeTrainer(
+      vocab_size=300, show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+  tok.add_special_tokens([tokenization.END_OF_TEXT, tokenization.IM_START, tokenization.IM_END])
+  tok.add_tokens([tokenization.THINK_OPEN, tokenization.THINK_CLOSE])
+  tok.save(str(checkpoint / 'tokenizer.json'))
+  (checkpoint / 'config.json').write_text('{}')
+  train = tmp_path / 'train'
+  train.mkdir()
+  (train / 'train.jsonl').write_bytes(b'')
+  values = {'task.name': 'proofs', 'task.proofs_train_dir': train,
+            'task.proofs_validation_dir': os.path.join(REPO, 'tests', 'fixtures', 'proofs',
+                                                       'imo_proofbench_csv'),
+            'task.data_dir': tmp_path / 'data', 'model.init_checkpoint': checkpoint,
+            'judge.base_url': 'http://127.0.0.1:9/v1', 'judge.model': 'judge'}
+  out = _launch(AC2, tmp_path / 'run', as_flags(values))
+  _assert_one_line_error(out, f'{train / "train.jsonl"}: empty file: no rows')
+  assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('how', sorted(CORRUPTIONS))
 def test_damaged_newest_checkpoint_resumes_from_the_previous(reference, tmp_path, how):
@@ -299,7 +385,7 @@ def test_sigterm_exits_75_and_the_rerun_finishes_like_the_uninterrupted_run(
   c, ref = reference
   workdir = str(tmp_path / 'run')
   values = {**overrides(train_base), 'num_steps': STEPS, 'checkpoint_every': 100}
-  env = {**os.environ, 'JAX_COMPILATION_CACHE_DIR': compile_cache,
+  env = {**_env(), 'JAX_COMPILATION_CACHE_DIR': compile_cache,
          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0.5'}
   proc = subprocess.Popen([sys.executable, os.path.join(REPO, 'launch', 'tpu_run.py'),
                            f'--config={AC2}', f'--workdir={workdir}', *as_flags(values)],

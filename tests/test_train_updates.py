@@ -1,4 +1,5 @@
-"""Actor and critic update steps: exact micro-batch accumulation, NaN skipping, traced learning rate."""
+"""Actor and critic update steps: exact micro-batch accumulation, NaN skipping, traced learning
+rate, the sampler's support on a padded vocabulary."""
 
 import dataclasses
 
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ac2_jax import models
+from ac2_jax import models, sampling
+from ac2_jax.learner import runtime
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 
@@ -132,3 +134,51 @@ def test_critic_update_uses_traced_learning_rate():
   # The actor's optimizer state is untouched by a critic update.
   for a, b in zip(jax.tree.leaves(large.actor_opt_state), jax.tree.leaves(state.actor_opt_state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_learner_logprobs_match_the_sampler_on_a_padded_vocabulary():
+  """A checkpoint padded past its tokenizer: 512 rows, 300 ids, the padding rows' logits made the
+  largest. Over the sampler's support the learner's log-prob of a sampled token is the sampler's,
+  so an on-policy PPO ratio is 1; over all rows the padding would take most of the mass."""
+  valid = 300
+  params = models.init_params(CONFIG, jax.random.key(1))
+  kernel = params['lm_head']['kernel']
+  params = {**params, 'lm_head': {'kernel': kernel.at[:, valid:].add(
+      jnp.sign(kernel[:, valid:]) * 5.0)}}
+  rng = np.random.default_rng(0)
+  contexts = [rng.integers(0, valid, n).astype(np.int32) for n in (3, 7, 5, 9)]
+  settings = sampling.SamplingSettings(temperature=0.8, valid_vocab_size=valid)
+  out = sampling.generate(CONFIG, params, contexts, 6, settings, jax.random.key(2), stop_ids=())
+  tokens = np.zeros((4, 16), np.int32)
+  mask = np.zeros((4, 16), np.float32)
+  old = np.zeros((4, 16), np.float32)
+  for b, c in enumerate(contexts):
+    new = out.tokens(b)
+    assert len(new) == 6 and np.max(new) < valid
+    tokens[b, :len(c)], tokens[b, len(c):len(c) + 6] = c, new
+    mask[b, len(c):len(c) + 6] = 1.0
+    old[b, len(c):len(c) + 6] = out.logprobs(b)
+  on = mask > 0
+  for chunk in (0, 5):
+    logp = updates.sequence_logprobs(CONFIG, params, jnp.asarray(tokens), 0.8, chunk, valid)
+    np.testing.assert_allclose(np.asarray(logp)[on], old[on], atol=1e-4)
+  unmasked = np.asarray(updates.sequence_logprobs(CONFIG, params, jnp.asarray(tokens), 0.8))
+  assert np.all(old[on] - unmasked[on] > 1.0)
+  batch = updates.ActorBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(old),
+                             jnp.asarray(mask * rng.normal(size=(4, 1)).astype(np.float32)))
+  # The actor step reads the same support from its settings (unmasked, the ratio would be < e^-1).
+  state = state_lib.init_state(params, _settings().optim)
+  _, metrics = jax.jit(updates.actor_update, static_argnums=0)(
+      _settings(valid_vocab_size=valid), state, batch, 0.28)
+  assert float(metrics['ratio']) == pytest.approx(1.0, abs=1e-4)
+  assert float(metrics['clip_frac']) == 0.0 and float(metrics['approx_kl']) < 1e-6
+  for bad in (-1, 513, 2.5):
+    with pytest.raises(ValueError, match='valid_vocab_size'):
+      _settings(valid_vocab_size=bad)
+  # A runtime whose learner and samplers disagree on the support is refused before any work.
+  with pytest.raises(ValueError, match='valid_vocab_size differs'):
+    runtime.build_runtime(
+        model_config=CONFIG, tokenizer=None, task=None, mesh=None,
+        update_settings=_settings(valid_vocab_size=valid), train_sampling=settings,
+        eval_sampling=sampling.SamplingSettings(), max_total_len=64, max_sample_batch=8,
+        actor_minibatches=1, state=None)

@@ -119,7 +119,8 @@ def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
   replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
                                         stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
                                         max_total_len=rt.max_total_len,
-                                        max_batch=rt.max_sample_batch) if fits else [])
+                                        max_batch=rt.max_sample_batch,
+                                        valid_vocab_size=rt.valid_vocab_size) if fits else [])
   values = []
   for context in contexts:
     values.append(None if context is None else critic.parse_value(rt.tokenizer.decode(
@@ -150,7 +151,8 @@ def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
     grid_ids.append(ids[0])
   contexts = [rt.critic_context(p, r, ref) for p, r, ref in zip(prompts, responses, references)]
   fits = [c for c in contexts if c is not None]
-  probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh)
+  probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh,
+                                           valid_vocab_size=rt.valid_vocab_size)
                if fits else np.zeros((0, len(grid_ids))))
   grid_M = np.asarray(critic.GRID, np.float64)
   values, rows = [], iter(probs_NxM.astype(np.float64))

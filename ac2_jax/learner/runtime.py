@@ -56,6 +56,12 @@ class Runtime:
   policy_logprobs: Callable | None = None  # (params, tokens_BxT) -> log pi(token t) [B, T]
 
   @property
+  def valid_vocab_size(self) -> int:
+    """Ids >= this are never drawn nor normalised over (0 = none): one value for the samplers,
+    the critic reads and the learner's log-probs (`build_runtime` checks they agree)."""
+    return self.update_settings.valid_vocab_size
+
+  @property
   def batch_multiple(self) -> int:
     """Rows of a device batch must divide evenly over the mesh's batch axes."""
     return sharding.batch_devices(self.mesh)
@@ -87,6 +93,12 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
   `train_problems` > 0 keeps at most the first that many training problems: the pool the RL steps
   draw from (the warm start is built before, from the whole split).
   """
+  supports = {'update_settings': update_settings.valid_vocab_size,
+              'train_sampling': train_sampling.valid_vocab_size,
+              'eval_sampling': eval_sampling.valid_vocab_size}
+  if len(set(supports.values())) > 1:
+    # The PPO ratio of an on-policy token is 1 only when learner and sampler share a support.
+    raise ValueError(f'build_runtime: valid_vocab_size differs between settings: {supports}')
   train_records, val_records = task.records('train'), task.records('validation')
   if train_problems:
     train_records = train_records[:train_problems]
@@ -115,7 +127,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
     value_fns['policy_logprobs'] = jax.jit(
         lambda params, tokens_BxT: updates.sequence_logprobs(
             model_config, params, tokens_BxT, update_settings.temperature,
-            update_settings.logits_chunk),
+            update_settings.logits_chunk, update_settings.valid_vocab_size),
         in_shardings=(state_shardings.params, batch), out_shardings=batch)
 
   return Runtime(

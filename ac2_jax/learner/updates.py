@@ -39,10 +39,19 @@ class UpdateSettings:
   micro_batch: int = 0
   # Positions projected onto the vocabulary at a time in the losses; 0 = all at once.
   logits_chunk: int = 0
+  # Ids >= this are outside every log-prob's support (a checkpoint padded past its tokenizer):
+  # the same value as the samplers' `SamplingSettings.valid_vocab_size`, so the learner normalises
+  # over the ids the sampler draws from. 0 = every vocabulary row is a token.
+  valid_vocab_size: int = 0
 
   def __post_init__(self):
     if self.policy_loss not in POLICY_LOSSES:
       raise ValueError(f'policy_loss must be one of {POLICY_LOSSES}, got {self.policy_loss!r}')
+    if (int(self.valid_vocab_size) != self.valid_vocab_size
+        or not 0 <= self.valid_vocab_size <= self.model.vocab_size):
+      raise ValueError(f'UpdateSettings.valid_vocab_size must be an int in [0, '
+                       f'{self.model.vocab_size}] (0 = the whole vocabulary), got '
+                       f'{self.valid_vocab_size!r}')
 
 
 @flax.struct.dataclass
@@ -63,8 +72,10 @@ class CriticBatch:
   weights_B: jax.Array
 
 
-def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chunk: int = 0):
-  """log pi(token t | tokens < t) at `temperature`, aligned to tokens (position 0 gets 0).
+def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chunk: int = 0,
+                      valid_vocab_size: int = 0):
+  """log pi(token t | tokens < t) at `temperature`, aligned to tokens (position 0 gets 0),
+  normalised over ids < `valid_vocab_size` (0 = all rows; see `UpdateSettings`).
 
   With `logits_chunk` > 0 the head runs on that many positions at a time, each chunk under
   `jax.checkpoint`: neither pass holds float32 logits [B, T, V] (at a 150k vocabulary and 64k
@@ -74,7 +85,8 @@ def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chun
   B, T = tokens_BxT.shape
   if not logits_chunk or logits_chunk >= T - 1:
     logits_BxTxV = models.forward(model_config, params, tokens_BxT)[0]
-    logp_BxTm1 = entropy.token_logprobs(logits_BxTxV[:, :-1], tokens_BxT[:, 1:], temperature)
+    logp_BxTm1 = entropy.token_logprobs(logits_BxTxV[:, :-1], tokens_BxT[:, 1:], temperature,
+                                        valid_vocab_size)
     return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
   hidden_BxTxE = models.forward(model_config, params, tokens_BxT, output='hidden')[0]
   n = -(-(T - 1) // logits_chunk)
@@ -88,7 +100,7 @@ def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chun
   def chunk_logprobs(args):
     hidden_BxCxE, targets_BxC = args
     logits_BxCxV = models.head_logits(model_config, params, hidden_BxCxE)
-    return entropy.token_logprobs(logits_BxCxV, targets_BxC, temperature)
+    return entropy.token_logprobs(logits_BxCxV, targets_BxC, temperature, valid_vocab_size)
 
   logp_NxBxC = jax.lax.map(chunk_logprobs, (hidden_NxBxCxE, targets_NxBxC))
   logp_BxTm1 = logp_NxBxC.swapaxes(0, 1).reshape(B, n * logits_chunk)[:, :T - 1]
@@ -145,7 +157,7 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
 
   def loss_fn(params, mb: ActorBatch):
     logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, settings.temperature,
-                             settings.logits_chunk)
+                             settings.logits_chunk, settings.valid_vocab_size)
     if settings.policy_loss == 'dis':
       loss_sum, count, sums = policy_loss.dis_loss(
           logp, mb.old_logprobs_BxT, mb.advantages_BxT, mb.loss_mask_BxT,
@@ -172,7 +184,10 @@ def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: 
   """One critic update: value-token NLL (w/4 per record, / number of records) at learning rate lr."""
 
   def loss_fn(params, mb: CriticBatch):
-    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0, settings.logits_chunk)
+    # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
+    # it learns the value tokens' likelihood over that support too.
+    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0, settings.logits_chunk,
+                             settings.valid_vocab_size)
     loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
     return loss_sum, (count, {})
 

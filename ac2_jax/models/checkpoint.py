@@ -13,8 +13,9 @@ each device receives only its shard and no device ever holds the whole tree).
 Every error names the file it is about: a truncated safetensors file or one with a bad header, a
 malformed config.json or index, a missing or misshapen tensor. `check_vocabulary` is the check a
 launcher makes once the tokenizer is known: the embedding must have a row for every token id (it
-may have more: official Qwen3 checkpoints pad 151,669 ids to 151,936 rows, and the sampler masks
-the extra rows out, see `SamplingSettings.valid_vocab_size`).
+may have more: official Qwen3 checkpoints pad 151,669 ids to 151,936 rows, and the sampler and
+the learner mask the extra rows out, see `SamplingSettings.valid_vocab_size` and
+`UpdateSettings.valid_vocab_size`).
 """
 
 from __future__ import annotations
@@ -255,8 +256,9 @@ def check_vocabulary(config: ModelConfig, tokenizer_vocab_size: int, where: str 
   """Raises unless the model has a row for every token id of the tokenizer.
 
   More rows than ids is fine (checkpoints pad the embedding to a round size; pass the tokenizer's
-  size as `SamplingSettings.valid_vocab_size` so the sampler never draws the padding ids). Fewer
-  rows would make the embedding lookup and the logits of the top ids silently wrong.
+  size as `SamplingSettings.valid_vocab_size` and `UpdateSettings.valid_vocab_size`, so that the
+  sampler never draws the padding ids and the learner never normalises over them). Fewer rows
+  would make the embedding lookup and the logits of the top ids silently wrong.
   """
   where = f'{where}: ' if where else ''
   if int(tokenizer_vocab_size) < 1:

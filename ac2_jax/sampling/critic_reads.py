@@ -15,6 +15,7 @@ import numpy as np
 from ac2_jax.models import qwen3
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.sampling import decode
+from ac2_jax.sampling import distribution
 from ac2_jax.sampling import sampler
 from ac2_jax.sampling import requests
 from ac2_jax.sampling.settings import SamplingSettings
@@ -26,38 +27,42 @@ MAX_VALUE_TOKENS = 4
 def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *,
                   stop_ids: Sequence[int], max_new_tokens: int = MAX_VALUE_TOKENS,
                   mesh: Mesh | None = None, max_total_len: int | None = None,
-                  max_batch: int | None = None) -> list[np.ndarray]:
+                  max_batch: int | None = None, valid_vocab_size: int = 0) -> list[np.ndarray]:
   """Greedy continuation of each context: at most `max_new_tokens` new tokens, cut at a stop token.
 
-  Returns one int32 array per context; a stop token that ended it is its last entry.
+  Ids >= `valid_vocab_size` (a padded checkpoint's rows without a token; 0 = none) are never
+  chosen, as in `SamplingSettings`. Returns one int32 array per context; a stop token that ended
+  it is its last entry.
   """
   if not 1 <= max_new_tokens <= MAX_VALUE_TOKENS:
     raise ValueError(f'greedy_decode: max_new_tokens must be in [1, {MAX_VALUE_TOKENS}], '
                      f'got {max_new_tokens}')
   out = sampler.generate(config, params, contexts, max_new_tokens,
-                         SamplingSettings.greedy_decoding(), jax.random.key(0), stop_ids,
+                         SamplingSettings(greedy=True, valid_vocab_size=valid_vocab_size),
+                         jax.random.key(0), stop_ids,
                          mesh=mesh, max_total_len=max_total_len, max_batch=max_batch)
   return out.tokens_list()
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'mesh'))
+@functools.partial(jax.jit, static_argnames=('config', 'mesh', 'settings'))
 def _next_token_log_probs(params, contexts_BxP, lengths_B, token_ids_M, *, config: ModelConfig,
-                          mesh: Mesh | None):
+                          mesh: Mesh | None, settings: SamplingSettings):
   if mesh is not None:
     contexts_BxP = decode.constrain(contexts_BxP, mesh, P(decode.BATCH_AXES, None))
   hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, lengths_B=lengths_B,
                                   output='hidden')
   logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
-  return jax.nn.log_softmax(logits_BxV, axis=-1)[:, token_ids_M]
+  return distribution.sampling_log_probs(logits_BxV, settings)[:, token_ids_M]
 
 
 def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarray],
                        token_ids: Sequence[int], *, renormalize: bool = False,
-                       mesh: Mesh | None = None) -> np.ndarray:
+                       mesh: Mesh | None = None, valid_vocab_size: int = 0) -> np.ndarray:
   """Next-token probabilities after each context, restricted to `token_ids`, from one forward.
 
-  Probabilities are those of the model's full softmax at temperature 1 (so a row sums to the mass
-  the model puts on these tokens, at most 1); with `renormalize=True` each row is divided by that
+  Probabilities are those of the model's softmax at temperature 1 over the ids below
+  `valid_vocab_size` (0 = all rows), the greedy read's support (so a row sums to the mass the
+  model puts on these tokens, at most 1); with `renormalize=True` each row is divided by that
   mass and sums to 1.
 
   Returns:
@@ -66,16 +71,17 @@ def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarra
   token_ids = [int(t) for t in token_ids]
   if not token_ids:
     raise ValueError('token_distribution: token_ids is empty')
-  bad = [t for t in token_ids if not 0 <= t < config.vocab_size]
+  support = valid_vocab_size or config.vocab_size
+  bad = [t for t in token_ids if not 0 <= t < support]
   if bad:
-    raise ValueError(f'token_distribution: token_ids {bad} lie outside [0, {config.vocab_size})')
+    raise ValueError(f'token_distribution: token_ids {bad} lie outside [0, {support})')
   packed = requests.pack(contexts, 1, None, vocab_size=config.vocab_size,
                          max_total_len=config.max_position_embeddings + 1,
                          batch_multiple=sampler.check_mesh(mesh))
   log_probs_BxM = _next_token_log_probs(
       params, sampler.to_device(packed.contexts_BxP, mesh),
       sampler.to_device(packed.context_lengths_B, mesh), jnp.asarray(token_ids, jnp.int32),
-      config=config, mesh=mesh)
+      config=config, mesh=mesh, settings=SamplingSettings(valid_vocab_size=valid_vocab_size))
   probs_NxM = np.exp(sampler.to_host(log_probs_BxM)[:packed.num_rows].astype(np.float64))
   if renormalize:
     probs_NxM = probs_NxM / probs_NxM.sum(axis=-1, keepdims=True)

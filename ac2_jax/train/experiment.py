@@ -407,12 +407,17 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
       validation_manual_dir=c.task.proofs_validation_dir, data_dir=data_dir,
       train=dataclasses.replace(proofs_tfds.FINEPROOFS_RL, skip_malformed=skip),
       validation=dataclasses.replace(proofs_tfds.IMO_PROOFBENCH, skip_malformed=skip))
-  tok = tokenization.HFTokenizer.from_file(tokenizer_dir)
-  # Process 0 calls the server and broadcasts the grades (see train/distributed.py).
-  task = proofs.make_proof_task(
-      data, train_judge=distributed.MainProcessJudge(judges.HttpJudge(training)),
-      validation_judge=distributed.MainProcessJudge(judges.HttpJudge(validation)),
-      tokenizer=tok)
+  try:
+    tok = tokenization.HFTokenizer.from_file(tokenizer_dir)
+    # Process 0 calls the server and broadcasts the grades (see train/distributed.py).
+    task = proofs.make_proof_task(
+        data, train_judge=distributed.MainProcessJudge(judges.HttpJudge(training)),
+        validation_judge=distributed.MainProcessJudge(judges.HttpJudge(validation)),
+        tokenizer=tok)
+  except (OSError, ValueError) as e:
+    # A bad data file or tokenizer.json is the user's to fix: one line, and the message already
+    # names the file (and row) (tasks/proofs_files.py, tokenization.py).
+    raise ConfigError(' '.join(str(e).split())) from None
   return task, tok
 
 
@@ -463,10 +468,17 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   mesh = sharding.make_mesh(s.mesh)
   load = dict(mesh=mesh, dtype=c.model.dtype, attention_impl=c.model.attention_impl,
               pallas_backend=c.model.pallas_backend or None, remat=c.model.remat)
-  model_config, params = models.load_hf_checkpoint(checkpoint, **load)
+  try:
+    model_config, params = models.load_hf_checkpoint(checkpoint, **load)
+  except (OSError, ValueError) as e:
+    # A truncated or foreign checkpoint is the user's to fix: one line, and the loader's message
+    # already names the file (models/checkpoint.py).
+    raise ConfigError(f'checkpoint {checkpoint} does not load: ' + ' '.join(str(e).split())
+                      ) from None
   with _section('model'):
     models.check_vocabulary(model_config, tok.vocab_size, where=checkpoint)
-  # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn.
+  # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn
+  # (samplers, critic reads) nor normalised over (the learner's log-probs), one value for all.
   valid_vocab = tok.vocab_size if model_config.vocab_size > tok.vocab_size else 0
   update_settings = updates.UpdateSettings(
       model=model_config,
@@ -476,7 +488,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
                                     critic_grad_clip=c.critic.grad_clip),
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
       dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk,
+      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab,
       **(dict(policy_loss='dis', dis_low=s.pact.dis_low, dis_high=s.pact.dis_high)
          if s.pact else {}))
   longest_prompt = max(len(task.prompt_ids(tok, r))

@@ -82,17 +82,20 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   """Trains to `c.num_steps` (or stops after step `stop_after`, checkpointing, for tests).
 
   Raises one of USER_ERRORS, before writing anything, for a config that cannot run or that
-  differs from the run in `workdir` (unless `allow_config_change`).
+  differs from the run in `workdir` (unless `allow_config_change`); also, after the data build
+  and the warm start, for a checkpoint that does not load or whose vocabulary is too small, with
+  WORKDIR/config.json not yet (over)written.
   """
   settings = experiment.validate(c)
   run = settings.run
   is_main = jax.process_index() == 0
   quiet = log if is_main else (lambda *_: None)
   run_record.check_resume(workdir, run.config_json, allow_change=allow_config_change, log=quiet)
+  rt, algorithm, state = experiment.build(c, workdir, log=quiet, settings=settings)
+  # Only a config that built (its checkpoint loads, its vocabulary fits) replaces the stored one.
   os.makedirs(workdir, exist_ok=True)
   if is_main:
     run_record.write_config(workdir, run.config_json)
-  rt, algorithm, state = experiment.build(c, workdir, log=quiet, settings=settings)
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                     keep=run.checkpoints_kept)
   logger = metrics_lib.MetricsLogger(workdir, enabled=is_main)
