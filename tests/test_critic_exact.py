@@ -56,5 +56,16 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
     assert 0.0 <= fig['mae'] <= 1.0 and fig['spread'] >= 0.0 and -1.0 <= fig['corr'] <= 1.0
   # The lookup by (lines written, lines credited) can only beat the one by lines written alone
   # on its own training table; on held-out prefixes it may not, but both are real figures.
-  assert set(curve[0]) >= {'lookup', 'position'}
+  assert set(curve[0]) >= {'lookup', 'position', 'linear'}
   assert curve[0]['lookup']['mae_constant'] == curve[0]['critic']['mae_constant']
+
+
+def test_ridge_reads_recover_a_linear_map():
+  rng = np.random.default_rng(0)
+  x_NxE = rng.normal(size=(64, 5))
+  y_N = x_NxE @ np.array([1.0, 2.0, 0.0, 0.0, -1.0]) + 3.0
+  np.testing.assert_allclose(critic_exact.ridge_reads(x_NxE, y_N, x_NxE[:4], penalty=1e-9),
+                             y_N[:4], atol=1e-6)
+  # A large penalty shrinks the reads to the mean.
+  np.testing.assert_allclose(critic_exact.ridge_reads(x_NxE, y_N, x_NxE[:4], penalty=1e12),
+                             np.full(4, y_N.mean()), atol=1e-3)

@@ -10,12 +10,17 @@ prefixes of held-out (validation) problems. It prints, every `eval_every` pairs:
 
 - the critic's MAE against the constant predictor's, the correlation of its reads with the exact
   values, and the spread of its reads (a critic that answers one value has spread 0);
+- once, before training: `linear`, a ridge regression from the critic's final hidden state at its
+  answer position to the value (fitted on the baselines' training prefixes): whether the warm
+  start already represents the value where the critic must read it;
 - two baselines on the same held-out prefixes: `lookup`, the mean training value of prefixes with
   the same (lines written, lines credited), which needs the lines checked; and `position`, the same
   by lines written alone, which a reader that only counts lines could reach.
 
-`--labels=start` swaps the values for start value / 10: a positive control any reader of the prompt
-can learn, which shows the update itself can move the critic's reads.
+Two controls swap the values for labels that need no checking of the lines: `--labels=start`, the
+start value / 10 (a token of the prompt: shows the update itself can move the critic's reads), and
+`--labels=state`, the last value the attempt wrote / 10 (the start value before any line: a token
+of the attempt, the state a planning task's value would depend on).
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ import jax
 import numpy as np
 
 from ac2_jax import critic as critic_lib
+from ac2_jax import models
 from ac2_jax import sampling
 from ac2_jax.bench import critic as probe
 from ac2_jax.tasks import builtin, builtin_sft
 
-LABELS = ('value', 'start')
+LABELS = ('value', 'start', 'state')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +54,7 @@ class ExactSettings:
   held_out: int = 512           # prefixes of validation problems
   baseline_pairs: int = 4_000   # training prefixes the baselines' tables are built from
   with_reference: float = 1.0   # share of critic prompts that carry the reference solution
-  labels: str = 'value'         # 'value' | 'start' (the positive control)
+  labels: str = 'value'         # 'value' | 'start' | 'state' (the controls)
   seed: int = 0
 
   def __post_init__(self):
@@ -85,9 +91,15 @@ def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[Exa
     if context is None:
       raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
     text = tok.decode(prefix)
-    value = (problem.start / 10 if settings.labels == 'start' else builtin_sft.prefix_value(
-        problem, values, text, 1.0 - settings.mistake_rate, task.settings.scoring))
-    yield ExactPrefix(context, float(value), probe.line_counts(task, record, text))
+    lines = probe.line_counts(task, record, text)
+    if settings.labels == 'start':
+      value = problem.start / 10
+    elif settings.labels == 'state':
+      value = (values[lines[0] - 1] if lines[0] else problem.start) / 10
+    else:
+      value = builtin_sft.prefix_value(problem, values, text, 1.0 - settings.mistake_rate,
+                                       task.settings.scoring)
+    yield ExactPrefix(context, float(value), lines)
 
 
 def _table_baseline(train: Sequence[ExactPrefix], key) -> callable:
@@ -115,6 +127,32 @@ def expected_reads(rt, params, held: Sequence[ExactPrefix]) -> np.ndarray:
   return probs_NxM @ np.asarray(critic_lib.GRID, np.float64)
 
 
+def last_hidden(rt, params, contexts: Sequence[np.ndarray], rows: int = 64) -> np.ndarray:
+  """The final (normed) hidden state at each context's last position, float64 [N, E]."""
+  forward = jax.jit(lambda p, t, n: models.forward(rt.model_config, p, t, lengths_B=n,
+                                                   output='hidden')[0])
+  T = sampling.bucket(max(len(c) for c in contexts))
+  out = []
+  for i in range(0, len(contexts), rows):
+    chunk = contexts[i:i + rows]
+    tokens_BxT = np.zeros((rows, T), np.int32)
+    lengths_B = np.ones((rows,), np.int32)
+    for b, c in enumerate(chunk):
+      tokens_BxT[b, :len(c)], lengths_B[b] = c, len(c)
+    hidden_BxTxE = np.asarray(forward(params, tokens_BxT, lengths_B), np.float64)
+    out.extend(hidden_BxTxE[b, len(c) - 1] for b, c in enumerate(chunk))
+  return np.stack(out)
+
+
+def ridge_reads(x_train_NxE, y_train_N, x_NxE, penalty: float = 1.0) -> np.ndarray:
+  """Ridge regression fitted on (x_train, y_train), read on x."""
+  mean_E, y_mean = x_train_NxE.mean(0), y_train_N.mean()
+  a_NxE = x_train_NxE - mean_E
+  w_E = np.linalg.solve(a_NxE.T @ a_NxE + penalty * np.eye(a_NxE.shape[1]),
+                        a_NxE.T @ (y_train_N - y_mean))
+  return (x_NxE - mean_E) @ w_E + y_mean
+
+
 def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_report=None
         ) -> list[dict]:
   """Trains the critic alone on exact-valued corpus prefixes; evaluates on held-out problems."""
@@ -127,6 +165,10 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
                'position': _table_baseline(base_set, lambda p: p.lines[0])}
   base_figs = {name: figures(np.array([f(p) for p in held]), held, constant)
                for name, f in baselines.items()}
+  linear = ridge_reads(last_hidden(rt, state.params, [p.context for p in base_set]),
+                       np.array([p.value for p in base_set]),
+                       last_hidden(rt, state.params, [p.context for p in held]))
+  base_figs['linear'] = figures(linear, held, constant)
   stream = prefixes(rt, settings, 'train', settings.seed + 3)
   curve, done, start = [], 0, time.time()
 
@@ -136,10 +178,10 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
     curve.append(entry)
     if on_report is not None:
       on_report(curve)
+    corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear'))
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
         f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
-        f'{fig["corr"]:+.3f} (lookup {base_figs["lookup"]["corr"]:+.3f}, position '
-        f'{base_figs["position"]["corr"]:+.3f})  spread {fig["spread"]:.3f} (values '
+        f'{fig["corr"]:+.3f} ({corrs})  spread {fig["spread"]:.3f} (values '
         f'{fig["value_spread"]:.3f})')
 
   report()
