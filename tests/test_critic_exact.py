@@ -41,6 +41,9 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
     written, credited = p.lines
     assert written == credited
     assert any(tuple(p.context[:len(ids)]) == ids for ids in valid_ids)
+  # Cuts right after the first line: one line written.
+  one_line = dataclasses.replace(clean, cut_lines=1)
+  assert next(critic_exact.prefixes(rt, one_line, 'train', seed=0)).lines == (1, 1)
   # The control's label is the start value / 10, read off the critic prompt.
   control = dataclasses.replace(clean, labels='start')
   p = next(critic_exact.prefixes(rt, control, 'train', seed=0))

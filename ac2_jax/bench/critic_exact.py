@@ -55,6 +55,9 @@ class ExactSettings:
   baseline_pairs: int = 4_000   # training prefixes the baselines' tables are built from
   with_reference: float = 1.0   # share of critic prompts that carry the reference solution
   labels: str = 'value'         # 'value' | 'start' | 'state' (the controls)
+  # 0: cut at a uniform token of the reasoning; N: right after 1..N whole lines (uniform), the
+  # easiest case, where the value turns on one or two lines only.
+  cut_lines: int = 0
   seed: int = 0
 
   def __post_init__(self):
@@ -62,6 +65,8 @@ class ExactSettings:
       raise ValueError(f'labels must be one of {LABELS}, got {self.labels!r}')
     if not 0.0 <= self.mistake_rate < 1.0:
       raise ValueError(f'mistake_rate must lie in [0, 1), got {self.mistake_rate}')
+    if self.cut_lines < 0:
+      raise ValueError(f'cut_lines must be >= 0, got {self.cut_lines}')
     if min(self.pairs_per_update, self.eval_every, self.held_out) < 1 or self.pairs < 0:
       raise ValueError('pairs >= 0 and pairs_per_update, eval_every, held_out >= 1 required')
 
@@ -79,12 +84,18 @@ def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[Exa
   records = task.records(split)
   rng = np.random.default_rng(seed)
   think_close = tok.token_id('</think>')
+  line_break = tok.encode('\n')[-1]
   while True:
     record = records[int(rng.integers(len(records)))]
     problem = builtin.parse_problem(record.prompt)
     values = builtin_sft.sample_values(problem, rng, 0.0, settings.mistake_rate)
     response = builtin_sft.response_ids(tok, problem, values)
-    prefix = response[:int(rng.integers(response.index(think_close) + 1))]
+    reasoning = response[:response.index(think_close)]
+    if settings.cut_lines:
+      breaks = [i for i, t in enumerate(reasoning) if t == line_break]
+      prefix = response[:breaks[min(int(rng.integers(settings.cut_lines)), len(breaks) - 1)] + 1]
+    else:
+      prefix = response[:int(rng.integers(len(reasoning) + 1))]
     reference = (record.reference_solution if rng.random() < settings.with_reference else None)
     context = rt.critic_context(np.asarray(task.prompt_ids(tok, record), np.int32),
                                 np.asarray(prefix, np.int32), reference)
