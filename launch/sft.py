@@ -8,10 +8,10 @@ checkpoint directory that `--config.model.init_checkpoint` also accepts.
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ac2_jax.train import cli, experiment
+from ac2_jax.train import cli, console, experiment
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py[:arg]).',
                                           lock_config=True)
@@ -22,7 +22,9 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # tfds logs every shard it writes at INFO
   config = cli.load_config(_CONFIG)
+  console.quiet_progress_bars()  # no tqdm bars in a log file
   try:
     experiment.validate(config)
     task, tok = experiment.build_task(config, _WORKDIR.value, config.model.init_checkpoint or None)
