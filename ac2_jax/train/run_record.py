@@ -51,7 +51,7 @@ ADDED_KEYS = {'task.rl_problems': 0, 'controller.bank_from_data': False,
               'value_critic.init_checkpoint': ''}
 # Sections added with algorithms that a stored run without them cannot have used (ADDED_KEYS
 # first: a key added to a section later is held to its old value).
-ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.')
+ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.', 'lisao.', 'li2sao.')
 
 
 def differences(old: dict, new: dict) -> list[str]:
