@@ -9,8 +9,10 @@ li2sao.ready_steps ready steps from li2sao.min_steps on, or at li2sao.max_steps.
 per problem for problems_per_step x group_size problems (the same trajectories per update),
 LiSAO's GAE with the per-trajectory lambda and absolute return targets. DIS actor loss throughout.
 
-Synchronous: each step samples, then trains (no in-flight generation yet), so the first step
-after the gate opens already samples single responses.
+Synchronous by default (each step samples, then trains), so the first step after the gate opens
+samples single responses; `async`: a rollout worker thread generates the next batch while a step
+trains (rollout.*), and the batch prefetched when the gate opens is still trained as groups, its
+leftovers dropped, before single responses follow.
 
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/li2sao.py --workdir=/tmp/li2sao_run
@@ -21,12 +23,13 @@ Paper scale (Qwen3-4B; 16 x 8 then 128 x 1, T_min 60, T_max 150, critic lr 5e-6)
   configs/lisao.py)
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
-benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py).
+benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
 """
 
 from ac2_jax.train import bench_setting, defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'tiny', 'cpu')
+ARGUMENTS = ('qwen3_4b', 'bench', 'async', 'tiny', 'cpu')
 
 
 def get_config(arg: str = ''):
@@ -40,6 +43,8 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
+  if 'async' in parts:
+    c.rollout.mode = 'async'
   c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)
   c.value_critic.updates = 2              # K critic updates per actor minibatch
   c.value_critic.warmup_steps = 0         # the bootstrap needs no critic-only warm-up

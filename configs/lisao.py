@@ -4,7 +4,9 @@ critic updates per actor minibatch, 10 critic-only warm-up steps), skip-observat
 per-trajectory lambda = clamp(1 - 1 / (1.5 L), 0, 1), lambda = 1 return targets, and the DIS actor
 loss on the log-probabilities stored at sampling (band lisao.dis_low..dis_high).
 
-Synchronous: each step samples, then trains (no in-flight generation yet).
+Synchronous by default (each step samples, then trains); `async`: a rollout worker thread
+generates the next batch while a step trains (rollout.*: in-flight weight updates between segments
+of rollout.segment_tokens, samples more than rollout.max_policy_lag versions old dropped).
 
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/lisao.py --workdir=/tmp/lisao_run
@@ -16,12 +18,13 @@ Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
     --config.task.proofs_validation_dir=... --config.judge.base_url=...
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
-benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py).
+benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
 """
 
 from ac2_jax.train import bench_setting, defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'tiny', 'cpu')
+ARGUMENTS = ('qwen3_4b', 'bench', 'async', 'tiny', 'cpu')
 
 
 def get_config(arg: str = ''):
@@ -35,6 +38,8 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
+  if 'async' in parts:
+    c.rollout.mode = 'async'
   c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)
   c.value_critic.updates = 2              # K critic updates per actor minibatch
   c.value_critic.warmup_steps = 10        # the actor waits while the critic warms up

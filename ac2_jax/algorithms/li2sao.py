@@ -16,12 +16,13 @@ own group size, never by the gate, so one optimizer step never mixes the two:
   single batch (group size 1): LiSAO's step (algorithms/lisao.py): GAE with the per-trajectory
     lambda, absolute lambda = 1 return targets on every model token, no ranking pairs.
 
-When the gate opens after step k, a synchronous run (the only mode so far) has nothing
-prefetched: step k + 1 samples singletons. In-flight (generation running ahead of training, not
-built yet) the batch already requested at n_b would be finished and trained as a bootstrap batch,
-the groups still in flight dropped, and only then singletons requested: choosing the estimator by
-the batch's group size is what keeps that order correct. The gate's state (EMAs, counter, switch
-step) is the host state a checkpoint saves.
+When the gate opens after step k, a synchronous run has nothing prefetched: step k + 1 samples
+singletons. In-flight (`inflight` settings: the rollout worker generates the next batch while a
+step trains) the batch already requested at n_b is finished and trained at step k + 1 as a
+bootstrap batch; taking it resets the worker's pipeline to singletons in the same critical
+section, which drops the leftover groups, so step k + 2 trains singletons. The gate's state (EMAs,
+counter, switch step) is the host state a checkpoint saves; in-flight rollouts are dropped at a
+save, so a run resumed after the switch starts with singletons.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 
 from ac2_jax import sampling
 from ac2_jax.algorithms import base
+from ac2_jax.algorithms import inflight
 from ac2_jax.algorithms import lisao
 from ac2_jax.algorithms import timing
 from ac2_jax.algorithms import value_steps
@@ -140,6 +142,8 @@ class Li2SAO(base.Algorithm):
     self.settings = settings
     self.seed = seed
     self.gate = SwitchGate(settings.gate)
+    self.source = (inflight.InflightSource(rt, settings.inflight, seed, n, settings.trajectories)
+                   if settings.inflight else None)
 
   def state_dict(self) -> dict:
     return {'gate': self.gate.state_dict()}
@@ -147,27 +151,36 @@ class Li2SAO(base.Algorithm):
   def load_state_dict(self, data: dict) -> None:
     self.gate.load_state_dict(data['gate'])
 
+  def close(self) -> None:
+    if self.source is not None:
+      self.source.close()
+
   def group_size(self) -> int:
     """The group size of the next generation request."""
     return 1 if self.gate.switched else self.settings.responses_per_problem
 
-  def rollouts(self, rt: Runtime, state, step: int, key: jax.Array,
-               timer: timing.PhaseTimer) -> tuple[value_steps.Rollouts, int]:
-    """A batch of `trajectories` judged rows at the current group size, with the critic's reads;
-    and that group size."""
+  def rollouts(self, rt: Runtime, state, step: int, key: jax.Array, timer: timing.PhaseTimer
+               ) -> tuple[value_steps.Rollouts, int, dict]:
+    """A batch of `trajectories` judged rows with the critic's reads; its group size; the
+    in-flight rollout metrics ({} when synchronous)."""
     s, n = self.settings, self.group_size()
-    request = value_steps.RolloutSettings(problems_per_step=s.trajectories // n,
-                                          responses_per_problem=n,
-                                          response_budget=s.response_budget)
-    data = value_steps.sample(rt, state.params, request, self.seed, 'li2sao_problems', step, key,
-                              timer)
+    if self.source is not None:
+      # The batch's own group size may still be n_b right after the switch (prefetched).
+      data, n, metrics = self.source.take(state, step, timer, next_group_size=n)
+    else:
+      request = value_steps.RolloutSettings(problems_per_step=s.trajectories // n,
+                                            responses_per_problem=n,
+                                            response_budget=s.response_budget)
+      data = value_steps.sample(rt, state.params, request, self.seed, 'li2sao_problems', step,
+                                key, timer)
+      metrics = {}
     value_steps.read(rt, state, data, timer)
-    return data, n
+    return data, n, metrics
 
   def step(self, rt: Runtime, state, step: int, key: jax.Array):
     s = self.settings
     timer = timing.PhaseTimer()
-    data, n = self.rollouts(rt, state, step, key, timer)
+    data, n, rollout_metrics = self.rollouts(rt, state, step, key, timer)
     boot = None
     if n > 1:
       boot = bootstrap(data, n, s.eps)
@@ -180,13 +193,15 @@ class Li2SAO(base.Algorithm):
     groups = np.arange(len(data.rows)) // n
     state, device = lisao.actor_critic_updates(rt, state, s, data, targets, masks, timer,
                                                warmup=False, groups=groups)
+    if self.source is not None:
+      self.source.publish(state, step)
     if boot is not None:
       self.gate.observe(step, boot.explained_variance, boot.ranking_accuracy)
     kept = np.concatenate(masks)
     g = self.gate
     return state, value_steps.step_metrics(
         data, device, timer, entropy=value_steps.entropy(data), **lisao.advantage_metrics(data),
-        **{'li2sao/group_size': n, 'li2sao/problems': len(data.rows) // n,
+        **rollout_metrics, **{'li2sao/group_size': n, 'li2sao/problems': len(data.rows) // n,
            'li2sao/switched': float(g.switched), 'li2sao/switch_step': g.switch_step,
            'li2sao/explained_variance': boot.explained_variance if boot else None,
            'li2sao/ranking_accuracy': boot.ranking_accuracy if boot else None,

@@ -1,8 +1,9 @@
 """LiSAO: single-rollout optimisation with a separate value critic (ALGORITHMS.md, "SAO / LiSAO").
 
-One (synchronous) step: `problems_per_step` fresh problems get ONE full response each, scored by
-the judge; the value critic (attention frozen in configs/lisao.py) reads V(s_t) on every generated
-token before any update. Advantages: skip-observation GAE over the model tokens with gamma and a
+One step: `problems_per_step` fresh problems get ONE full response each, scored by the judge
+(synchronous), or the next such batch from the in-flight rollout worker (`inflight` settings,
+algorithms/inflight.py: generated while the previous steps trained); the value critic (attention
+frozen in configs/lisao.py) reads V(s_t) on every generated token before any update. Advantages: skip-observation GAE over the model tokens with gamma and a
 per-trajectory lambda = clamp(1 - 1 / (alpha L), 0, 1), L = the row's model tokens; critic
 targets: the lambda = 1 returns (at gamma = 1, R on every model token). Per actor minibatch: the
 DIS update on the log-probabilities stored when each token was sampled, then K critic updates
@@ -22,8 +23,10 @@ import numpy as np
 
 from ac2_jax import sampling
 from ac2_jax.algorithms import base
+from ac2_jax.algorithms import inflight
 from ac2_jax.algorithms import timing
 from ac2_jax.algorithms import value_steps
+from ac2_jax.controller.inflight import InflightSettings
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner.runtime import Runtime
 from ac2_jax.rl import gae
@@ -38,6 +41,7 @@ class SAOSettings(value_steps.RolloutSettings):
   # sampling policy leaves (dis_low, dis_high) drop out of the actor loss.
   dis_low: float = 0.7
   dis_high: float = 6.0
+  inflight: InflightSettings | None = None  # None: synchronous (sample, then train)
 
   def __post_init__(self):
     super().__post_init__()
@@ -130,34 +134,48 @@ class LiSAO(base.Algorithm):
     check_dis(rt, 'LiSAO')
     self.settings = settings
     self.seed = seed
+    self.source = (inflight.InflightSource(rt, settings.inflight, seed, 1,
+                                           settings.problems_per_step)
+                   if settings.inflight else None)
 
   def state_dict(self) -> dict:
-    return {}  # nothing but the (seed, step)-keyed draws
+    # Nothing but the (seed, step)-keyed draws; in-flight rollouts are dropped at a save.
+    return {}
 
   def load_state_dict(self, data: dict) -> None:
     pass
 
-  def rollouts(self, rt: Runtime, state, step: int, key: jax.Array,
-               timer: timing.PhaseTimer) -> tuple[value_steps.Rollouts, list[np.ndarray]]:
-    """Sampled, judged rows with the critic's reads and their GAE advantages assigned; and the
-    return targets per row."""
-    data = value_steps.sample(rt, state.params, self.settings, self.seed, 'lisao_problems', step,
-                              key, timer)
+  def close(self) -> None:
+    if self.source is not None:
+      self.source.close()
+
+  def rollouts(self, rt: Runtime, state, step: int, key: jax.Array, timer: timing.PhaseTimer
+               ) -> tuple[value_steps.Rollouts, list[np.ndarray], dict]:
+    """Judged rows with the critic's reads and their GAE advantages assigned; the return targets
+    per row; the in-flight rollout metrics ({} when synchronous)."""
+    metrics = {}
+    if self.source is not None:
+      data, _, metrics = self.source.take(state, step, timer)
+    else:
+      data = value_steps.sample(rt, state.params, self.settings, self.seed, 'lisao_problems',
+                                step, key, timer)
     value_steps.read(rt, state, data, timer)
     advantages, returns = sao_advantages(data, self.settings.gamma, self.settings.lambda_alpha)
     for row, a in zip(data.rows, advantages):
       row.advantages_N = a
-    return data, returns
+    return data, returns, metrics
 
   def step(self, rt: Runtime, state, step: int, key: jax.Array):
     s = self.settings
     timer = timing.PhaseTimer()
-    data, returns = self.rollouts(rt, state, step, key, timer)
+    data, returns, rollout_metrics = self.rollouts(rt, state, step, key, timer)
     warmup = step <= s.critic_warmup_steps
     state, device = actor_critic_updates(rt, state, s, data, returns, model_masks(data), timer,
                                          warmup=warmup)
+    if self.source is not None:
+      self.source.publish(state, step)
     lengths = np.array([len(r.new_N) for r in data.rows])
     return state, value_steps.step_metrics(
         data, device, timer, entropy=value_steps.entropy(data), critic_warmup=float(warmup),
-        **advantage_metrics(data), **{
+        **advantage_metrics(data), **rollout_metrics, **{
             'sao/lambda_mean': float(np.mean(gae.adaptive_lambda(lengths, alpha=s.lambda_alpha)))})

@@ -171,6 +171,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.li2sao.min_steps = 20
   c.li2sao.max_steps = 40
 
+  # Where lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
+  # 'async' runs a rollout worker thread (algorithms/inflight.py) that generates the next batch
+  # while a step trains, one segment at a time under the weights published last.
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.mode = 'sync'          # 'sync' | 'async'
+  c.rollout.max_policy_lag = 1     # k: a sample with a token more than k versions old is dropped
+  # New tokens per generation call: an update reaches unfinished rollouts at their next segment.
+  c.rollout.segment_tokens = 16
+
   # The separate value-head critic of the value algorithms (learner/value_critic.py): the policy's
   # architecture and weights (or init_checkpoint's) with a scalar head; its own AdamW.
   c.value_critic = ml_collections.ConfigDict()
@@ -257,6 +266,7 @@ def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.li2sao.group_size = 8
   c.li2sao.min_steps = 60
   c.li2sao.max_steps = 150
+  c.rollout.segment_tokens = 2048
   c.value_critic.learning_rate = 5e-6
   c.sampling.max_batch = 256
   c.actor.learning_rate = 2e-6

@@ -30,6 +30,7 @@ from ac2_jax.learner import runtime as runtime_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 from ac2_jax.learner import value_critic
+from ac2_jax.controller.inflight import InflightSettings
 from ac2_jax.controller.switch_gate import GateSettings
 from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
@@ -42,6 +43,9 @@ ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact', 'lisao', 'li2sao')
 # Algorithms with a separate value-head critic (learner/value_critic.py), and their config section.
 VALUE_ALGORITHMS = ('ppo', 'pact', 'lisao', 'li2sao')
 TASKS = ('builtin', 'proofs')
+ROLLOUT_MODES = ('sync', 'async')
+# Algorithms that can take their batches from the in-flight rollout worker (rollout.mode='async').
+ASYNC_ALGORITHMS = ('lisao', 'li2sao')
 DTYPES = ('float32', 'bfloat16')
 ATTENTION_IMPLS = ('xla', 'pallas')
 
@@ -276,10 +280,24 @@ def pact_settings(c: ml_collections.ConfigDict) -> pact_lib.PACTSettings:
                                  dis_low=c.pact.dis_low, dis_high=c.pact.dis_high)
 
 
+def inflight_settings(c: ml_collections.ConfigDict) -> InflightSettings | None:
+  """The in-flight rollout worker's settings (rollout.mode='async'), or None (synchronous)."""
+  _choice('rollout.mode', c.rollout.mode, ROLLOUT_MODES)
+  if c.rollout.mode == 'sync':
+    return None
+  if c.algorithm not in ASYNC_ALGORITHMS:
+    raise ConfigError(f"config.rollout.mode='async' needs algorithm in {ASYNC_ALGORITHMS}, got "
+                      f'{c.algorithm!r}')
+  with _section('rollout'):
+    return InflightSettings(max_policy_lag=c.rollout.max_policy_lag,
+                            segment_tokens=c.rollout.segment_tokens,
+                            response_budget=c.controller.response_budget)
+
+
 def _sao_fields(c: ml_collections.ConfigDict) -> dict:
   section = c[c.algorithm]
   return dict(**_rollout_fields(c), gamma=section.gamma, lambda_alpha=section.lambda_alpha,
-              dis_low=section.dis_low, dis_high=section.dis_high)
+              dis_low=section.dis_low, dis_high=section.dis_high, inflight=inflight_settings(c))
 
 
 def lisao_settings(c: ml_collections.ConfigDict) -> lisao_lib.LiSAOSettings:
@@ -383,6 +401,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   grpo = grpo_settings(c) if c.algorithm == 'grpo' else None
   ppo = ppo_settings(c) if c.algorithm == 'ppo' else None
   pact = pact_settings(c) if c.algorithm == 'pact' else None
+  inflight_settings(c)  # rollout.mode, for every algorithm
   lisao = lisao_settings(c) if c.algorithm == 'lisao' else None
   li2sao = li2sao_settings(c) if c.algorithm == 'li2sao' else None
   value = value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None
