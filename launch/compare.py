@@ -18,8 +18,9 @@ from absl import app, flags, logging
 from ac2_jax.train import compare, console
 
 _METHODS = flags.DEFINE_list('methods', ['ac2', 'grpo', 'prefix_grpo'],
-                             'configs/<name>.py (ac2, grpo, prefix_grpo, ppo, pact), variants '
-                             'after a colon (ac2:no_audit+group1, ppo:lambda1).')
+                             'configs/<name>.py (ac2, grpo, prefix_grpo, ppo, pact, lisao, '
+                             'li2sao), variants after a colon (ac2:no_audit+group1, '
+                             'ppo:lambda1).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds; one warm start each.')
 _ROOT = flags.DEFINE_string('root', None, 'Directory of the comparison (warm starts, runs, report).')
 _CONFIG_ARG = flags.DEFINE_string('config_arg', '', 'Config argument of every method, e.g. bench.')

@@ -110,7 +110,7 @@ def test_documented_dry_runs_pass_and_match_the_documents(dry_runs):
 
 
 def test_builtin_configs_dry_run_in_process():
-  for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact'):
+  for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact', 'lisao', 'li2sao'):
     c = _load_config(name)
     c.dry_run = True
     report = dry_run.run(experiment.dry_run_plan(c, num_devices=8))
@@ -121,11 +121,15 @@ def test_builtin_configs_dry_run_in_process():
     assert report.peak_bytes > report.total('state') > 0
     assert 'memory per device (GiB):' in report.text()
     state = report.memory['state']
-    if name in ('ppo', 'pact'):  # the second parameter tree and its AdamW moments
+    if name in experiment.VALUE_ALGORITHMS:  # the second parameter tree and its AdamW moments
       assert 'critic optimizer (Adam mu, nu)' not in state
       assert 0 < state['value critic parameters'] <= state['parameters']
-      counts = state['value critic optimizer (AdamW mu, nu)'] - 2 * state['value critic parameters']
-      assert 0 <= counts <= 16  # beside mu and nu: Adam's step counts
+      moments = state['value critic optimizer (AdamW mu, nu)']
+      if c.value_critic.freeze_attention:  # LiSAO, Li2SAO: no moments for the frozen attention
+        assert 0 < moments < 2 * state['value critic parameters']
+      else:
+        counts = moments - 2 * state['value critic parameters']
+        assert 0 <= counts <= 16  # beside mu and nu: Adam's step counts
     else:
       assert not [k for k in state if k.startswith('value critic')]
 

@@ -37,7 +37,8 @@ def _config(name='ac2', **extra):
 
 @pytest.mark.parametrize('name, extra, message', [
     ('ac2', {'algorithm': 'foo'},
-     "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact')"),
+     "config.algorithm must be one of ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact', 'lisao', "
+     "'li2sao')"),
     ('ac2', {'model.preset': 'nope'}, 'config.model.preset must be one of'),
     ('ac2', {'controller.tau_global': -1.0}, 'tau_global must lie in (0, 1], got -1.0'),
     ('ac2', {'controller.chunk_size': -16}, 'chunk_size must be an integer >= 1, got -16'),

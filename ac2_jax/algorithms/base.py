@@ -32,6 +32,11 @@ class Algorithm(Protocol):
   def load_state_dict(self, data: dict) -> None:
     ...
 
+  def close(self) -> None:
+    """Stops what the algorithm runs beside the loop (an in-flight rollout worker); the loop calls
+    it once at the end of a run."""
+    return None
+
 
 def host_metrics(device_metrics: dict) -> dict[str, float]:
   """The one device read of a step: every update's metrics (nested dicts of arrays) as floats."""

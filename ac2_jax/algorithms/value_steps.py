@@ -1,5 +1,6 @@
-"""The stages PPO with GAE and PACT share: fresh rollouts scored by the judge, V(s_t) reads of the
-separate value critic before any update, the critic updates and the critic's metrics.
+"""The stages PPO with GAE, PACT, LiSAO and Li2SAO share: fresh rollouts scored by the judge,
+V(s_t) reads of the separate value critic before any update, the critic updates and the critic's
+metrics.
 
   sample      problems_per_step fresh problems x responses_per_problem full responses, judged
   read        V(s_t) on every generated token, from the critic as it was before this step
@@ -50,9 +51,10 @@ class Rollouts:
   decoding_flops: float
   values: list[np.ndarray] = dataclasses.field(default_factory=list)  # V(s_t) per row
 
-  def padded(self, per_row: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(x_RxN, mask_RxN): per-row arrays right-padded to the longest row."""
-    n = max(len(x) for x in per_row)
+  def padded(self, per_row: list[np.ndarray], width: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(x_RxN, mask_RxN): per-row arrays right-padded to the longest row (or to `width`)."""
+    n = width or max(len(x) for x in per_row)
     x_RxN = np.zeros((len(per_row), n), np.float32)
     mask_RxN = np.zeros((len(per_row), n), np.float32)
     for i, x in enumerate(per_row):
@@ -95,12 +97,14 @@ def read(rt: Runtime, state, data: Rollouts, timer: timing.PhaseTimer) -> None:
 
 
 def critic_updates(rt: Runtime, state, s: RolloutSettings, data: Rollouts, minibatch: int,
-                   targets, masks) -> tuple:
-  """K critic updates on one minibatch; returns (state, list of device metrics)."""
+                   targets, masks, groups=None) -> tuple:
+  """K critic updates on one minibatch; returns (state, list of device metrics). `groups` (a
+  group id per row) turns on the ranking term's pairs (Li2SAO)."""
+  ranked = {} if groups is None else {'groups': groups, 'rewards': data.rewards_R}
   metrics = []
   for _ in range(s.critic_updates):
     state, m = timing.ready(value_rows.train_value(rt, state, data.rows, targets, masks,
-                                                   data.values, minibatch))
+                                                   data.values, minibatch, **ranked))
     metrics.append(m)
   return state, metrics
 

@@ -36,6 +36,8 @@ class Row:
   weight: float = 0.0         # 0: the row does not enter the actor loss
   # Per-token advantages (PPO's GAE, PACT); None: `advantage` on every generated token.
   advantages_N: np.ndarray | None = None
+  # The policy version that sampled each token (in-flight rollouts); None: the current one.
+  versions_N: np.ndarray | None = None
 
   @property
   def prompt_len(self) -> int:

@@ -47,10 +47,18 @@ def read_logprobs(rt: Runtime, params, rows: Sequence[rows_lib.Row]) -> list[np.
   return _per_row(rows, rt.policy_logprobs(params, tokens_BxT))
 
 
+def count_pairs(groups: Sequence[int], rewards: Sequence[float]) -> int:
+  """Ordered pairs (i, j) of one group with R_i > R_j: the ranking term's pairs."""
+  g, r = np.asarray(groups), np.asarray(rewards, np.float32)
+  return int(((g[:, None] == g[None, :]) & (r[:, None] > r[None, :])).sum())
+
+
 def value_batch(rt: Runtime, rows: Sequence[rows_lib.Row], targets: Sequence[np.ndarray],
-                masks: Sequence[np.ndarray], old_values: Sequence[np.ndarray]
+                masks: Sequence[np.ndarray], old_values: Sequence[np.ndarray],
+                groups: Sequence[int] | None = None, rewards: Sequence[float] | None = None
                 ) -> value_critic.ValueBatch:
-  """Right-padded (context + new tokens) with per-token targets, masks and old values."""
+  """Right-padded (context + new tokens) with per-token targets, masks and old values; with
+  `groups` and `rewards` (per row) also the ranking term's rows (`ValueBatch`)."""
   T = sampling.bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
   B = rows_lib.bucket_rows(len(rows), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
@@ -62,20 +70,33 @@ def value_batch(rt: Runtime, rows: Sequence[rows_lib.Row], targets: Sequence[np.
     for k, x in enumerate((masks[b], targets[b], old_values[b])):
       per_token[k, b, c:c + n] = x
   mask, target, old = per_token
-  return rt.put_batch(value_critic.ValueBatch(tokens, mask, target, old))
+  if groups is None:
+    return rt.put_batch(value_critic.ValueBatch(tokens, mask, target, old))
+  group_B = np.full((B,), -1, np.int32)
+  rewards_B = np.zeros((B,), np.float32)
+  last_B = np.zeros((B,), np.int32)
+  group_B[:len(rows)] = groups
+  rewards_B[:len(rows)] = rewards
+  last_B[:len(rows)] = [len(r.context_P) + len(r.new_N) - 1 for r in rows]
+  pairs = count_pairs(groups, rewards)
+  pair_scale_B = np.full((B,), mask.sum() / pairs if pairs else 0.0, np.float32)
+  return rt.put_batch(value_critic.ValueBatch(tokens, mask, target, old, group_B, rewards_B,
+                                              last_B, pair_scale_B))
 
 
 def train_value(rt: Runtime, state, rows: Sequence[rows_lib.Row], targets: Sequence[np.ndarray],
-                masks: Sequence[np.ndarray], old_values: Sequence[np.ndarray], minibatch: int):
+                masks: Sequence[np.ndarray], old_values: Sequence[np.ndarray], minibatch: int,
+                groups: Sequence[int] | None = None, rewards: Sequence[float] | None = None):
   """One critic update on minibatch `minibatch` (the actor's split, `rows.minibatch_rows`).
 
-  `targets`, `masks` and `old_values` are per row, aligned with `rows`. Returns (state, metrics on
-  the device).
+  `targets`, `masks` and `old_values` (and `groups`, `rewards` for the ranking term) are per row,
+  aligned with `rows`. Returns (state, metrics on the device).
   """
   index = {id(r): i for i, r in enumerate(rows)}
   chosen = [index[id(r)] for r in rows_lib.minibatch_rows(rt, rows, minibatch)]
   if not chosen:
     return state, {'skipped_empty': 1.0}
   pick = lambda xs: [xs[i] for i in chosen]
-  batch = value_batch(rt, pick(rows), pick(targets), pick(masks), pick(old_values))
+  ranked = {} if groups is None else {'groups': pick(groups), 'rewards': pick(rewards)}
+  batch = value_batch(rt, pick(rows), pick(targets), pick(masks), pick(old_values), **ranked)
   return rt.value_step(state, batch)

@@ -54,15 +54,15 @@ def ranking_hinge_loss(terminal_values_NxG, pairs_NxGxG, *, margin: float = 0.1)
   """Li2SAO's terminal ranking loss: sum over pairs (i+, i-) of [margin - V(i+) + V(i-)]_+.
 
   `pairs_NxGxG[n, i, j]` is True when response i outranks response j in group n (see
-  li2sao.ranking_pairs); values are read at each response's last action token. Returns (loss_sum,
-  pair_count).
+  li2sao.ranking_pairs), or a float weight of that pair (0: no pair); values are read at each
+  response's last action token. Returns (weighted loss_sum, summed pair weights).
   """
   v = _f32(terminal_values_NxG)
   pairs = _f32(pairs_NxGxG)
   if pairs.shape != v.shape + v.shape[-1:]:
     raise ValueError(f'pairs_NxGxG shape {pairs.shape} does not match values {v.shape}')
   hinge = jax.nn.relu(margin - v[:, :, None] + v[:, None, :])
-  return jnp.where(pairs > 0, hinge, 0.0).sum(), pairs.sum()
+  return jnp.where(pairs > 0, hinge * pairs, 0.0).sum(), pairs.sum()
 
 
 def soft_bce_loss(logits_BxT, targets_BxT, mask_BxT):

@@ -15,7 +15,8 @@ import ml_collections
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.algorithm = 'ac2'              # 'ac2' | 'prefix_grpo' | 'grpo' | 'ppo' | 'pact'
+  # 'ac2' | 'prefix_grpo' | 'grpo' | 'ppo' | 'pact' | 'lisao' | 'li2sao'
+  c.algorithm = 'ac2'
   c.seed = 0
   c.num_steps = 60
   c.checkpoint_every = 20          # steps; also on exit and on SIGTERM
@@ -139,7 +140,47 @@ def base_config() -> ml_collections.ConfigDict:
   c.pact.dis_low = 0.7             # the actor's DIS band (ALGORITHMS.md, the math setting)
   c.pact.dis_high = 6.0
 
-  # The separate value-head critic of 'ppo' and 'pact' (learner/value_critic.py): the policy's
+  # LiSAO (algorithms/lisao.py): one full response per problem, skip-observation GAE, DIS. The
+  # critic settings (frozen attention, K = 2, 10 warm-up steps) are configs/lisao.py's.
+  c.lisao = ml_collections.ConfigDict()
+  c.lisao.problems_per_step = 128  # one response each: the 128 trajectories of a GRPO step
+  c.lisao.gamma = 1.0
+  c.lisao.lambda_alpha = 1.5       # per trajectory: lambda = clamp(1 - 1 / (1.5 L), 0, 1)
+  c.lisao.dis_low = 0.7            # the actor's DIS band (ALGORITHMS.md, the math setting)
+  c.lisao.dis_high = 6.0
+
+  # Li2SAO (algorithms/li2sao.py): groups of group_size until the readiness gate opens, then one
+  # response per problem for problems_per_step x group_size problems (the same trajectories).
+  c.li2sao = ml_collections.ConfigDict()
+  c.li2sao.problems_per_step = 16  # bootstrap prompts; x group_size = trajectories per update
+  c.li2sao.group_size = 8          # n_b
+  c.li2sao.gamma = 1.0             # after the switch, as LiSAO's
+  c.li2sao.lambda_alpha = 1.5
+  c.li2sao.dis_low = 0.7
+  c.li2sao.dis_high = 6.0
+  c.li2sao.eps = 1e-6              # actor advantage (R - mu) / (sigma + eps), sigma with n - 1
+  c.li2sao.rank_coef = 0.1         # alpha: critic loss = clipped residual + alpha x ranking
+  c.li2sao.rank_margin = 0.1       # m in [m - V(s_i+,T) + V(s_i-,T)]_+
+  c.li2sao.ema_beta = 0.9          # EMA of the readiness statistics e_k, a_k (both start at 0)
+  c.li2sao.min_explained_variance = 0.2  # eta_e
+  c.li2sao.min_ranking_accuracy = 0.65   # eta_a
+  c.li2sao.ready_steps = 10        # M consecutive ready steps open the gate
+  # T_min, T_max: the paper's 60 and 150 are of a 500-step run (paper_scale sets them; its coding
+  # run took 30 and 60 of 200). A 60-step CPU run needs them inside it, with steps after the
+  # switch: the gate counts from step 20 and opens at step 40 at the latest.
+  c.li2sao.min_steps = 20
+  c.li2sao.max_steps = 40
+
+  # Where lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
+  # 'async' runs a rollout worker thread (algorithms/inflight.py) that generates the next batch
+  # while a step trains, one segment at a time under the weights published last.
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.mode = 'sync'          # 'sync' | 'async'
+  c.rollout.max_policy_lag = 1     # k: a sample with a token more than k versions old is dropped
+  # New tokens per generation call: an update reaches unfinished rollouts at their next segment.
+  c.rollout.segment_tokens = 16
+
+  # The separate value-head critic of the value algorithms (learner/value_critic.py): the policy's
   # architecture and weights (or init_checkpoint's) with a scalar head; its own AdamW.
   c.value_critic = ml_collections.ConfigDict()
   # Hugging Face checkpoint dir whose decoder body starts the critic (of the policy's architecture;
@@ -219,6 +260,13 @@ def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for section in (c.ppo, c.pact):  # the rows of a GRPO step
     section.problems_per_step = 256
     section.responses_per_problem = 16
+  # The Li2SAO paper's budget: 128 trajectories per update, 16 x 8 then 128 x 1; its gate window.
+  c.lisao.problems_per_step = 128
+  c.li2sao.problems_per_step = 16
+  c.li2sao.group_size = 8
+  c.li2sao.min_steps = 60
+  c.li2sao.max_steps = 150
+  c.rollout.segment_tokens = 2048
   c.value_critic.learning_rate = 5e-6
   c.sampling.max_batch = 256
   c.actor.learning_rate = 2e-6

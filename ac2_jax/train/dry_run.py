@@ -188,8 +188,12 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
   if plan.value is None:
     steps.append(('critic', updates.critic_update, critic_batch, 0, scalar))
   else:
+    # Li2SAO's ranking term reads four more per-row arrays.
+    ranked = ([_sds((2 * rows,), jnp.int32), _sds((2 * rows,), jnp.float32),
+               _sds((2 * rows,), jnp.int32), _sds((2 * rows,), jnp.float32)]
+              if plan.value.rank_coef > 0 else [])
     value_batch = value_critic.ValueBatch(_sds((2 * rows, T_actor), jnp.int32),
-                                          *[_sds((2 * rows, T_actor), jnp.float32)] * 3)
+                                          *[_sds((2 * rows, T_actor), jnp.float32)] * 3, *ranked)
     value_step = lambda settings, state, batch: value_critic.value_update(settings, plan.value,
                                                                            state, batch)
     steps.append(('value critic', value_step, value_batch, plan.sizes.micro_batch, ()))

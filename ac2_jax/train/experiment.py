@@ -21,6 +21,8 @@ from ac2_jax import models, sampling, sharding, tokenization
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.algorithms import base as algorithm_base
 from ac2_jax.algorithms import grpo as grpo_lib
+from ac2_jax.algorithms import li2sao as li2sao_lib
+from ac2_jax.algorithms import lisao as lisao_lib
 from ac2_jax.algorithms import pact as pact_lib
 from ac2_jax.algorithms import ppo as ppo_lib
 from ac2_jax.learner import rows as rows_lib
@@ -28,6 +30,8 @@ from ac2_jax.learner import runtime as runtime_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 from ac2_jax.learner import value_critic
+from ac2_jax.controller.inflight import InflightSettings
+from ac2_jax.controller.switch_gate import GateSettings
 from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.tasks import builtin, builtin_sft, builtin_tfds
@@ -35,10 +39,13 @@ from ac2_jax.train import distributed, dry_run
 from ac2_jax.train import sft as sft_lib
 from ac2_jax.train.sizes import RunSizes
 
-ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact')
+ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact', 'lisao', 'li2sao')
 # Algorithms with a separate value-head critic (learner/value_critic.py), and their config section.
-VALUE_ALGORITHMS = ('ppo', 'pact')
+VALUE_ALGORITHMS = ('ppo', 'pact', 'lisao', 'li2sao')
 TASKS = ('builtin', 'proofs')
+ROLLOUT_MODES = ('sync', 'async')
+# Algorithms that can take their batches from the in-flight rollout worker (rollout.mode='async').
+ASYNC_ALGORITHMS = ('lisao', 'li2sao')
 DTYPES = ('float32', 'bfloat16')
 ATTENTION_IMPLS = ('xla', 'pallas')
 
@@ -95,6 +102,10 @@ def run_sizes(c: ml_collections.ConfigDict, prompt_tokens: int) -> RunSizes:
   ctl_c = c.controller
   if c.algorithm == 'grpo':
     rows = c.grpo.problems_per_step * c.grpo.group_size
+  elif c.algorithm == 'lisao':
+    rows = c.lisao.problems_per_step
+  elif c.algorithm == 'li2sao':
+    rows = c.li2sao.problems_per_step * c.li2sao.group_size
   elif c.algorithm in VALUE_ALGORITHMS:
     section = c[c.algorithm]
     rows = section.problems_per_step * section.responses_per_problem
@@ -199,14 +210,17 @@ def grpo_settings(c: ml_collections.ConfigDict) -> grpo_lib.GRPOSettings:
 
 
 def value_settings(c: ml_collections.ConfigDict) -> value_critic.ValueSettings:
-  """The value critic of 'ppo' (linear head, clipped MSE) or 'pact' (sigmoid head, soft BCE)."""
+  """The value critic: a sigmoid head with soft BCE for 'pact', else a linear head with the
+  clipped loss ('li2sao' adds its ranking term)."""
   v = c.value_critic
-  with _section('value_critic'):
+  ranking = (dict(rank_coef=c.li2sao.rank_coef, rank_margin=c.li2sao.rank_margin)
+             if c.algorithm == 'li2sao' else {})
+  with _section('li2sao' if ranking else 'value_critic'):
     return value_critic.ValueSettings(
         learning_rate=v.learning_rate, weight_decay=v.weight_decay, grad_clip=v.grad_clip,
         freeze_attention=v.freeze_attention,
         loss='soft_bce' if c.algorithm == 'pact' else 'clipped_mse', value_clip=v.value_clip,
-        head_std=v.head_std)
+        head_std=v.head_std, **ranking)
 
 
 def _model_config_at(key: str, path: str) -> ModelConfig:
@@ -243,8 +257,13 @@ def check_value_checkpoint(c: ml_collections.ConfigDict, policy: ModelConfig | N
 
 def _rollout_fields(c: ml_collections.ConfigDict) -> dict:
   section = c[c.algorithm]
-  return dict(problems_per_step=section.problems_per_step,
-              responses_per_problem=section.responses_per_problem,
+  if c.algorithm == 'lisao':
+    responses = 1
+  elif c.algorithm == 'li2sao':
+    responses = section.group_size
+  else:
+    responses = section.responses_per_problem
+  return dict(problems_per_step=section.problems_per_step, responses_per_problem=responses,
               response_budget=c.controller.response_budget,
               critic_updates=c.value_critic.updates,
               critic_warmup_steps=c.value_critic.warmup_steps)
@@ -259,6 +278,40 @@ def pact_settings(c: ml_collections.ConfigDict) -> pact_lib.PACTSettings:
   with _section('pact'):
     return pact_lib.PACTSettings(**_rollout_fields(c), max_ratio=c.pact.max_ratio,
                                  dis_low=c.pact.dis_low, dis_high=c.pact.dis_high)
+
+
+def inflight_settings(c: ml_collections.ConfigDict) -> InflightSettings | None:
+  """The in-flight rollout worker's settings (rollout.mode='async'), or None (synchronous)."""
+  _choice('rollout.mode', c.rollout.mode, ROLLOUT_MODES)
+  if c.rollout.mode == 'sync':
+    return None
+  if c.algorithm not in ASYNC_ALGORITHMS:
+    raise ConfigError(f"config.rollout.mode='async' needs algorithm in {ASYNC_ALGORITHMS}, got "
+                      f'{c.algorithm!r}')
+  with _section('rollout'):
+    return InflightSettings(max_policy_lag=c.rollout.max_policy_lag,
+                            segment_tokens=c.rollout.segment_tokens,
+                            response_budget=c.controller.response_budget)
+
+
+def _sao_fields(c: ml_collections.ConfigDict) -> dict:
+  section = c[c.algorithm]
+  return dict(**_rollout_fields(c), gamma=section.gamma, lambda_alpha=section.lambda_alpha,
+              dis_low=section.dis_low, dis_high=section.dis_high, inflight=inflight_settings(c))
+
+
+def lisao_settings(c: ml_collections.ConfigDict) -> lisao_lib.LiSAOSettings:
+  with _section('lisao'):
+    return lisao_lib.LiSAOSettings(**_sao_fields(c))
+
+
+def li2sao_settings(c: ml_collections.ConfigDict) -> li2sao_lib.Li2SAOSettings:
+  l2 = c.li2sao
+  with _section('li2sao'):
+    gate = GateSettings(ema_beta=l2.ema_beta, min_explained_variance=l2.min_explained_variance,
+                        min_ranking_accuracy=l2.min_ranking_accuracy, ready_steps=l2.ready_steps,
+                        min_steps=l2.min_steps, max_steps=l2.max_steps)
+    return li2sao_lib.Li2SAOSettings(**_sao_fields(c), gate=gate, eps=l2.eps)
 
 
 def _check_learns(c: ml_collections.ConfigDict, ctl_settings: ctl.ControllerSettings) -> None:
@@ -284,6 +337,19 @@ def _check_learns(c: ml_collections.ConfigDict, ctl_settings: ctl.ControllerSett
                       f'the critic\'s value), got {c.algorithm!r}')
 
 
+def _check_li2sao_groups(c: ml_collections.ConfigDict, s: li2sao_lib.Li2SAOSettings) -> None:
+  """A bootstrap group must not straddle an actor/critic minibatch or a critic micro-batch: its
+  ranking pairs and divergence mask are read inside one batch."""
+  if s.problems_per_step % c.actor.minibatches:
+    raise ConfigError(f'config.li2sao.problems_per_step={s.problems_per_step} must be a multiple '
+                      f'of config.actor.minibatches={c.actor.minibatches} (whole groups per '
+                      'minibatch)')
+  if c.actor.micro_batch % s.responses_per_problem:
+    raise ConfigError(f'config.actor.micro_batch={c.actor.micro_batch} must be a multiple of '
+                      f'config.li2sao.group_size={s.responses_per_problem} (whole groups per '
+                      'micro-batch)')
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """Every settings object of a run, built from the config before any work (`validate`)."""
@@ -298,6 +364,8 @@ class Settings:
   grpo: grpo_lib.GRPOSettings | None
   ppo: ppo_lib.PPOSettings | None
   pact: pact_lib.PACTSettings | None
+  lisao: lisao_lib.LiSAOSettings | None
+  li2sao: li2sao_lib.Li2SAOSettings | None
   value: value_critic.ValueSettings | None  # the separate value critic (VALUE_ALGORITHMS)
   judges: tuple | None                      # the proof task: (training, validation) settings
 
@@ -333,12 +401,21 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   grpo = grpo_settings(c) if c.algorithm == 'grpo' else None
   ppo = ppo_settings(c) if c.algorithm == 'ppo' else None
   pact = pact_settings(c) if c.algorithm == 'pact' else None
+  inflight_settings(c)  # rollout.mode, for every algorithm
+  lisao = lisao_settings(c) if c.algorithm == 'lisao' else None
+  li2sao = li2sao_settings(c) if c.algorithm == 'li2sao' else None
   value = value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None
   if value is not None and c.value_critic.init_checkpoint:
     check_value_checkpoint(c)
   _check_learns(c, ctl_settings)
-  per_step = (c[c.algorithm].problems_per_step if c.algorithm in ('grpo', 'ppo', 'pact')
-              else c.controller.n_refill)
+  if li2sao is not None:
+    _check_li2sao_groups(c, li2sao)
+  if c.algorithm in ('grpo', 'ppo', 'pact', 'lisao'):
+    per_step = c[c.algorithm].problems_per_step
+  elif c.algorithm == 'li2sao':
+    per_step = li2sao.trajectories  # after the switch: one response per problem
+  else:
+    per_step = c.controller.n_refill
   if 0 < c.task.rl_problems < per_step:
     raise ConfigError(f'config.task.rl_problems={c.task.rl_problems} is fewer than the '
                       f'{per_step} distinct problems a step draws')
@@ -370,7 +447,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   return Settings(run=run, controller=ctl_settings,
                   train_sampling=sampling_settings(c, 'sampling'),
                   eval_sampling=sampling_settings(c, 'eval'), mesh=mesh, mesh_shape=mesh_shape,
-                  chain=chain, sft=sft, grpo=grpo, ppo=ppo, pact=pact, value=value,
+                  chain=chain, sft=sft, grpo=grpo, ppo=ppo, pact=pact, lisao=lisao,
+                  li2sao=li2sao, value=value,
                   judges=judge_settings)
 
 
@@ -455,6 +533,12 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
                          critic_examples=critic_examples, log=log)
 
 
+def _policy_loss(s: Settings) -> dict:
+  """The UpdateSettings fields of the actor loss: DIS with the algorithm's band, or PPO's clip."""
+  dis = s.pact or s.lisao or s.li2sao
+  return dict(policy_loss='dis', dis_low=dis.dis_low, dis_high=dis.dis_high) if dis else {}
+
+
 def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Settings | None = None
           ) -> tuple[runtime_lib.Runtime, algorithm_base.Algorithm, state_lib.TrainState]:
   """Returns (runtime, algorithm, initial train state) for the config (`validate`d first)."""
@@ -489,8 +573,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
       dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
       logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab,
-      **(dict(policy_loss='dis', dis_low=s.pact.dis_low, dis_high=s.pact.dis_high)
-         if s.pact else {}))
+      **_policy_loss(s))
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))
   sizes = run_sizes(c, longest_prompt)
@@ -522,6 +605,10 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
     algorithm = ppo_lib.PPO(rt, s.ppo, s.controller, c.seed)
   elif c.algorithm == 'pact':
     algorithm = pact_lib.PACT(rt, s.pact, c.seed)
+  elif c.algorithm == 'lisao':
+    algorithm = lisao_lib.LiSAO(rt, s.lisao, c.seed)
+  elif c.algorithm == 'li2sao':
+    algorithm = li2sao_lib.Li2SAO(rt, s.li2sao, c.seed)
   else:
     algorithm = ac2_lib.AC2(rt, s.controller, c.seed, use_critic=c.algorithm == 'ac2')
   return rt, algorithm, state

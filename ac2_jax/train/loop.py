@@ -122,30 +122,33 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
 
   last, stopped = start, False
   eta = console.Eta(start + 1, run.num_steps)
-  with _StopFlag() as flag:
-    for step in range(start + 1, run.num_steps + 1):
-      t0 = time.time()
-      state, record = algorithm.step(rt, state, step, experiment.step_key(run.seed, step))
-      host['flops_cum'] += record['decoding_flops']
-      record['decoding_flops_cum'] = host['flops_cum']
-      record['step_time'] = time.time() - t0
-      if step % run.eval_every == 0 or step == run.num_steps:
-        scores = _eval(run, rt, state, step)
-        host['last_score'] = scores['val/mean_score']
-        record.update(scores)
-      written = logger.write(step, record)
-      if step % run.log_every == 0:
-        log(metrics_lib.progress_line(written, PROGRESS_KEYS)
-            + f' eta={console.format_duration(eta.seconds_left(step))}')
-      last = step
-      # All processes must save and stop at the same step (SIGTERM may reach one host only).
-      stopping = distributed.any_process(flag.stop) or step == stop_after
-      if step % run.checkpoint_every == 0 or step == run.num_steps or stopping:
-        save(step)
-      if stopping:
-        stopped = step < run.num_steps
-        log(f'stopping after step {step} (checkpoint saved)')
-        break
+  try:
+    with _StopFlag() as flag:
+      for step in range(start + 1, run.num_steps + 1):
+        t0 = time.time()
+        state, record = algorithm.step(rt, state, step, experiment.step_key(run.seed, step))
+        host['flops_cum'] += record['decoding_flops']
+        record['decoding_flops_cum'] = host['flops_cum']
+        record['step_time'] = time.time() - t0
+        if step % run.eval_every == 0 or step == run.num_steps:
+          scores = _eval(run, rt, state, step)
+          host['last_score'] = scores['val/mean_score']
+          record.update(scores)
+        written = logger.write(step, record)
+        if step % run.log_every == 0:
+          log(metrics_lib.progress_line(written, PROGRESS_KEYS)
+              + f' eta={console.format_duration(eta.seconds_left(step))}')
+        last = step
+        # All processes must save and stop at the same step (SIGTERM may reach one host only).
+        stopping = distributed.any_process(flag.stop) or step == stop_after
+        if step % run.checkpoint_every == 0 or step == run.num_steps or stopping:
+          save(step)
+        if stopping:
+          stopped = step < run.num_steps
+          log(f'stopping after step {step} (checkpoint saved)')
+          break
+  finally:
+    algorithm.close()  # an in-flight rollout worker stops with the run
   logger.close()
   ckpt.close()
   finished = not stopped and last >= run.num_steps

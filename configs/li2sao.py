@@ -1,0 +1,51 @@
+"""Li2SAO: group-relative actor-critic bootstrapping, then a one-way switch to LiSAO.
+
+Bootstrap (groups of li2sao.group_size = 8, actor and critic from step 1): actor advantages
+(R - mu_g) / (sigma_g + eps); the critic (the policy's weights with a scalar head, attention
+frozen, K = 2 updates per actor minibatch) fits the group residuals R - mu_g on the divergence mask
+with the clipped loss plus li2sao.rank_coef x the terminal ranking hinge. Readiness: EMAs of the
+residual explained variance and the pair-ordering accuracy; the gate opens after
+li2sao.ready_steps ready steps from li2sao.min_steps on, or at li2sao.max_steps. Then one response
+per problem for problems_per_step x group_size problems (the same trajectories per update),
+LiSAO's GAE with the per-trajectory lambda and absolute return targets. DIS actor loss throughout.
+
+Synchronous by default (each step samples, then trains), so the first step after the gate opens
+samples single responses; `async`: a rollout worker thread generates the next batch while a step
+trains (rollout.*), and the batch prefetched when the gate opens is still trained as groups, its
+leftovers dropped, before single responses follow.
+
+CPU, built-in task, `tiny` model (SFT warm start included):
+  python launch/tpu_run.py --config=configs/li2sao.py --workdir=/tmp/li2sao_run
+Expected: the validation score at the end above the SFT starting score, the switch by step 40
+(`li2sao/switch_step` in metrics.jsonl). NOT YET MEASURED over a whole run.
+Paper scale (Qwen3-4B; 16 x 8 then 128 x 1, T_min 60, T_max 150, critic lr 5e-6):
+  python launch/tpu_run.py --config=configs/li2sao.py:qwen3_4b --workdir=... (flags of
+  configs/lisao.py)
+
+Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
+benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
+"""
+
+from ac2_jax.train import bench_setting, defaults
+
+ARGUMENTS = ('qwen3_4b', 'bench', 'async', 'tiny', 'cpu')
+
+
+def get_config(arg: str = ''):
+  c = defaults.base_config()
+  c.algorithm = 'li2sao'
+  parts = [p for p in arg.split(',') if p]
+  unknown = set(parts) - set(ARGUMENTS)
+  if unknown:
+    raise ValueError(f'unknown Li2SAO config arguments {sorted(unknown)}; known: {ARGUMENTS}')
+  if 'qwen3_4b' in parts:
+    c = defaults.paper_scale(c)
+  if 'bench' in parts:
+    c = bench_setting.apply_bench(c)
+  if 'async' in parts:
+    c.rollout.mode = 'async'
+  c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)
+  c.value_critic.updates = 2              # K critic updates per actor minibatch
+  c.value_critic.warmup_steps = 0         # the bootstrap needs no critic-only warm-up
+  return c

@@ -1,0 +1,46 @@
+"""LiSAO (single-rollout optimisation, SAO without value pretraining): one response per problem,
+a separate value-head critic (the policy's weights with a scalar head, attention frozen, K = 2
+critic updates per actor minibatch, 10 critic-only warm-up steps), skip-observation GAE with the
+per-trajectory lambda = clamp(1 - 1 / (1.5 L), 0, 1), lambda = 1 return targets, and the DIS actor
+loss on the log-probabilities stored at sampling (band lisao.dis_low..dis_high).
+
+Synchronous by default (each step samples, then trains); `async`: a rollout worker thread
+generates the next batch while a step trains (rollout.*: in-flight weight updates between segments
+of rollout.segment_tokens, samples more than rollout.max_policy_lag versions old dropped).
+
+CPU, built-in task, `tiny` model (SFT warm start included):
+  python launch/tpu_run.py --config=configs/lisao.py --workdir=/tmp/lisao_run
+Expected: the validation score at the end above the SFT starting score. NOT YET MEASURED over a
+whole run (128 single responses per step: about the sampling cost of a GRPO step).
+Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
+  python launch/tpu_run.py --config=configs/lisao.py:qwen3_4b --workdir=... \
+    --config.model.init_checkpoint=... --config.task.proofs_train_dir=... \
+    --config.task.proofs_validation_dir=... --config.judge.base_url=...
+
+Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
+benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
+"""
+
+from ac2_jax.train import bench_setting, defaults
+
+ARGUMENTS = ('qwen3_4b', 'bench', 'async', 'tiny', 'cpu')
+
+
+def get_config(arg: str = ''):
+  c = defaults.base_config()
+  c.algorithm = 'lisao'
+  parts = [p for p in arg.split(',') if p]
+  unknown = set(parts) - set(ARGUMENTS)
+  if unknown:
+    raise ValueError(f'unknown LiSAO config arguments {sorted(unknown)}; known: {ARGUMENTS}')
+  if 'qwen3_4b' in parts:
+    c = defaults.paper_scale(c)
+  if 'bench' in parts:
+    c = bench_setting.apply_bench(c)
+  if 'async' in parts:
+    c.rollout.mode = 'async'
+  c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)
+  c.value_critic.updates = 2              # K critic updates per actor minibatch
+  c.value_critic.warmup_steps = 10        # the actor waits while the critic warms up
+  return c
