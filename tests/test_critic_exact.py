@@ -49,6 +49,16 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
   p = next(critic_exact.prefixes(rt, control, 'train', seed=0))
   start = builtin.parse_problem(rt.tokenizer.decode(p.context.tolist()).split('\n', 1)[1]).start
   assert p.value == pytest.approx(start / 10)
+  # The table control: the last written value (no mistakes: the true one) and lines written.
+  table = dataclasses.replace(clean, labels='state_lines', cut_lines=3)
+  for p in [next(it) for it in [critic_exact.prefixes(rt, table, 'train', seed=1)]
+            for _ in range(4)]:
+    problem = builtin.parse_problem(
+        rt.tokenizer.decode(p.context.tolist()).split('\n', 1)[1])
+    written = p.lines[0]
+    assert 1 <= written <= 3
+    last = problem.values()[written - 1]
+    assert p.value == critic_exact.state_lines_value(last, written)
   settings = critic_exact.ExactSettings(pairs=32, pairs_per_update=16, eval_every=16, held_out=8,
                                         baseline_pairs=32)
   curve = critic_exact.run(rt, state, settings, records_batch=rows.critic_records_batch,

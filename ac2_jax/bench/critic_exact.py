@@ -20,7 +20,8 @@ prefixes of held-out (validation) problems. It prints, every `eval_every` pairs:
 Two controls swap the values for labels that need no checking of the lines: `--labels=start`, the
 start value / 10 (a token of the prompt: shows the update itself can move the critic's reads), and
 `--labels=state`, the last value the attempt wrote / 10 (the start value before any line: a token
-of the attempt, the state a planning task's value would depend on).
+of the attempt, the state a planning task's value would depend on); `--labels=state_lines`, a fixed
+random table of (last value, lines written), the shape of a planning task's V(state, steps left).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ac2_jax import sampling
 from ac2_jax.bench import critic as probe
 from ac2_jax.tasks import builtin, builtin_sft
 
-LABELS = ('value', 'start', 'state')
+LABELS = ('value', 'start', 'state', 'state_lines')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ExactSettings:
   held_out: int = 512           # prefixes of validation problems
   baseline_pairs: int = 4_000   # training prefixes the baselines' tables are built from
   with_reference: float = 1.0   # share of critic prompts that carry the reference solution
-  labels: str = 'value'         # 'value' | 'start' | 'state' (the controls)
+  labels: str = 'value'         # 'value' | 'start' | 'state' | 'state_lines' (the controls)
   # 0: cut at a uniform token of the reasoning; N: right after 1..N whole lines (uniform), the
   # easiest case, where the value turns on one or two lines only.
   cut_lines: int = 0
@@ -105,12 +106,18 @@ def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[Exa
     lines = probe.line_counts(task, record, text)
     if settings.labels == 'start':
       value = problem.start / 10
-    elif settings.labels == 'state':
-      value = (values[lines[0] - 1] if lines[0] else problem.start) / 10
+    elif settings.labels in ('state', 'state_lines'):
+      state = values[lines[0] - 1] if lines[0] else problem.start
+      value = state / 10 if settings.labels == 'state' else state_lines_value(state, lines[0])
     else:
       value = builtin_sft.prefix_value(problem, values, text, 1.0 - settings.mistake_rate,
                                        task.settings.scoring)
     yield ExactPrefix(context, float(value), lines)
+
+
+def state_lines_value(state: int, lines: int) -> float:
+  """A fixed pseudo-random grid value of (state, lines written): the `state_lines` control."""
+  return critic_lib.GRID[(state * 7 + lines * 3 + state * lines) % len(critic_lib.GRID)]
 
 
 def _table_baseline(train: Sequence[ExactPrefix], key) -> callable:
