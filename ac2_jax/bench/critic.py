@@ -341,15 +341,43 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   return curve
 
 
-def main(argv: Sequence[str]) -> None:
-  parser = argparse.ArgumentParser(prog='bench.py critic', description=__doc__.split('\n')[0])
+def argument_parser(prog: str, description: str, settings_cls, set_example: str
+                    ) -> argparse.ArgumentParser:
+  """The critic benchmarks' shared flags: config, workdir, overrides, settings fields, out."""
+  parser = argparse.ArgumentParser(prog=prog, description=description)
   parser.add_argument('--config', default='configs/ac2.py', help='config file[:arg]')
   parser.add_argument('--workdir', required=True, help='run directory (its warm start is reused)')
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                      help='config override, e.g. --set=critic.readout=expectation')
-  for f in dataclasses.fields(ProbeSettings):
+                      help=f'config override, e.g. --set={set_example}')
+  for f in dataclasses.fields(settings_cls):
     parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
   parser.add_argument('--out', default='', help='JSON file for the learning curve')
+  return parser
+
+
+def parse_settings(prog: str, args: argparse.Namespace, settings_cls):
+  """The settings dataclass from the parsed flags; a bad value ends with one line."""
+  try:
+    return settings_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(settings_cls)})
+  except ValueError as e:
+    raise SystemExit(f'{prog}: {e}') from None
+
+
+def curve_writer(args: argparse.Namespace, settings):
+  """`on_report` that rewrites `args.out` (if given) with the curve so far."""
+  def save(curve):
+    if args.out:
+      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+      with open(args.out, 'w') as f:
+        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
+                   'overrides': args.set, 'curve': curve}, f, indent=1)
+  return save
+
+
+def main(argv: Sequence[str]) -> None:
+  prog = 'bench.py critic'
+  parser = argument_parser(prog, __doc__.split('\n')[0], ProbeSettings,
+                           'critic.readout=expectation')
   parser.add_argument('--prefixes', default='',
                       help='pickle of the labelled prefixes: read if it exists, else written '
                            '(one set serves every lever that leaves the policy and labels alone)')
@@ -357,8 +385,7 @@ def main(argv: Sequence[str]) -> None:
   from ac2_jax.learner import rows as rollouts
   from ac2_jax.train import cli, experiment
   config = cli.config_from_args(args.config, args.set)
-  settings = ProbeSettings(**{f.name: getattr(args, f.name)
-                              for f in dataclasses.fields(ProbeSettings)})
+  settings = parse_settings(prog, args, ProbeSettings)
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
   ctl_settings = experiment.controller_settings(config)
   t0 = time.time()
@@ -382,15 +409,9 @@ def main(argv: Sequence[str]) -> None:
     corpus = builtin_sft.critic_examples(rt.task, rt.tokenizer,
                                          step_mistake_rate=settings.corpus_mistake_rate,
                                          seed=settings.seed + 3)
-  def save(curve):
-    if args.out:
-      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-      with open(args.out, 'w') as f:
-        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
-                   'overrides': args.set, 'curve': curve}, f, indent=1)
-
   train_and_evaluate(rt, state, train, held, settings, learning_rate=lr,
                      tau_local=ctl_settings.tau_local,
                      read=rollouts.critic_reader(config.critic.readout),
-                     records_batch=rollouts.critic_records_batch, corpus=corpus, on_report=save)
+                     records_batch=rollouts.critic_records_batch, corpus=corpus,
+                     on_report=curve_writer(args, settings))
   sys.stdout.flush()

@@ -26,10 +26,7 @@ random table of (last value, lines written), the shape of a planning task's V(st
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
 import time
 from typing import Iterator, Sequence
 
@@ -219,31 +216,14 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
 
 
 def main(argv: Sequence[str]) -> None:
-  parser = argparse.ArgumentParser(prog='bench.py critic_exact', description=__doc__.split('\n')[0])
-  parser.add_argument('--config', default='configs/ac2.py', help='config file[:arg]')
-  parser.add_argument('--workdir', required=True, help='run directory (its warm start is reused)')
-  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                      help='config override, e.g. --set=task.builtin_scoring=leading')
-  for f in dataclasses.fields(ExactSettings):
-    parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
-  parser.add_argument('--out', default='', help='JSON file for the learning curve')
+  prog = 'bench.py critic_exact'
+  parser = probe.argument_parser(prog, __doc__.split('\n')[0], ExactSettings,
+                                 'task.builtin_scoring=leading')
   args = parser.parse_args(argv)
   from ac2_jax.learner import rows
   from ac2_jax.train import cli, experiment
   config = cli.config_from_args(args.config, args.set)
-  try:
-    settings = ExactSettings(**{f.name: getattr(args, f.name)
-                                for f in dataclasses.fields(ExactSettings)})
-  except ValueError as e:
-    raise SystemExit(f'bench.py critic_exact: {e}') from None
+  settings = probe.parse_settings(prog, args, ExactSettings)
   rt, _, state = experiment.build(config, args.workdir, log=lambda *a: None)
-
-  def save(curve):
-    if args.out:
-      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-      with open(args.out, 'w') as f:
-        json.dump({'settings': dataclasses.asdict(settings), 'config': args.config,
-                   'overrides': args.set, 'curve': curve}, f, indent=1)
-
-  jax.block_until_ready(state.params)
-  run(rt, state, settings, records_batch=rows.critic_records_batch, on_report=save)
+  run(rt, state, settings, records_batch=rows.critic_records_batch,
+      on_report=probe.curve_writer(args, settings))
