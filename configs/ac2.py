@@ -12,7 +12,10 @@ the same pool: 0.622), seed 2 0.794 -> 0.995, seed 1 starts at 0.003 (its SFT ne
 arithmetic in 560 steps; see BENCHMARKS.md). The critic passes readiness without telling chunks
 apart (a constant is within tau_local of 96% of the labels; the critic probe, `launch/bench.py
 critic`, measures chunk-advantage correlation about 0 against 0.39 in the paper), so ready groups
-give the actor little signal and AC2 does not beat Prefix GRPO here.
+give the actor little signal and AC2 does not beat Prefix GRPO here. Why the critic cannot tell
+them apart on this task (`launch/bench.py critic_exact`: not even from 32,000 exact labels, while it
+reads a prompt token or the attempt's last value within 2,560): the value turns only on which
+written lines are wrong, a relation between tokens the tiny policy never represents.
 
 CPU departures from Table 4 (each a key in ac2_jax/train/defaults.py, with its reason there): the
 critic's value read as the expectation over the grid tokens (critic.readout), a short critic
