@@ -21,9 +21,10 @@ Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
 benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
-in-flight rollout worker; measured once, 20 steps, 2 cores at load 6-11: 0.482 -> 0.567, 243 trained
-tokens per second of step time against 356 for `sync` at load 5-7, i.e. slower on 2 cores, where the
-worker and the updates share the cores).
+in-flight rollout worker; measured in two sync/async pairs, one seed, 20 steps, 2 cores shared:
+0.482 -> 0.567 and 0.558; 243 trained tokens per second of step time against 356 for `sync` (load
+5-11), and 425 against 536 (load 2-7): slower on 2 cores, where the worker and the updates share the
+cores).
 """
 
 from ac2_jax.train import bench_setting, defaults
