@@ -17,14 +17,18 @@ leftovers dropped, before single responses follow.
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/li2sao.py --workdir=/tmp/li2sao_run
 Expected: the validation score at the end above the SFT starting score, the switch by step 40
-(`li2sao/switch_step` in metrics.jsonl). NOT YET MEASURED over a whole run.
+(`li2sao/switch_step` in metrics.jsonl). Measured over 20 steps only (one seed, from the seed-0 warm
+start, 2 cores at load 5-7; BENCHMARKS.md): 0.482 -> 0.581, median step 24 s, no switch by step 20
+(EMAs of explained variance 0.03 and ranking accuracy 0.45 against 0.2 and 0.65), so the switch
+itself and the phase after it are not yet measured over a run.
 Paper scale (Qwen3-4B; 16 x 8 then 128 x 1, T_min 60, T_max 150, critic lr 5e-6):
   python launch/tpu_run.py --config=configs/li2sao.py:qwen3_4b --workdir=... (flags of
   configs/lisao.py)
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
 benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
-in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
+in-flight rollout worker; not run for Li2SAO; for LiSAO on 2 cores it was slower per trained token
+than `sync`, see configs/lisao.py).
 """
 
 from ac2_jax.train import bench_setting, defaults

@@ -10,8 +10,10 @@ of rollout.segment_tokens, samples more than rollout.max_policy_lag versions old
 
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/lisao.py --workdir=/tmp/lisao_run
-Expected: the validation score at the end above the SFT starting score. NOT YET MEASURED over a
-whole run (128 single responses per step: about the sampling cost of a GRPO step).
+Expected: the validation score at the end above the SFT starting score. Measured (one seed, 20
+steps from the seed-0 warm start, 2 cores at load 5-7; BENCHMARKS.md): 0.482 -> 0.572, median step
+16 s in the critic warm-up and 24 s after (128 single responses per step: about the sampling cost
+of a GRPO step).
 Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
   python launch/tpu_run.py --config=configs/lisao.py:qwen3_4b --workdir=... \
     --config.model.init_checkpoint=... --config.task.proofs_train_dir=... \
@@ -19,7 +21,10 @@ Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `bench` (the
 benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
-in-flight rollout worker; its speed against `sync` NOT YET MEASURED).
+in-flight rollout worker; measured in two sync/async pairs, one seed, 20 steps, 2 cores shared:
+0.482 -> 0.567 and 0.558; 243 trained tokens per second of step time against 356 for `sync` (load
+5-11), and 425 against 536 (load 2-7): slower on 2 cores, where the worker and the updates share the
+cores).
 """
 
 from ac2_jax.train import bench_setting, defaults
