@@ -1,6 +1,7 @@
 """Benchmarks, each printing ratios measured side by side in one run.
 
-  python launch/bench.py sampler      # our sampler vs a naive loop vs transformers.generate
+  python launch/bench.py sampler      # our sampler vs transformers.generate, each in its own
+                                      # process, against the machine's measured peaks
   python launch/bench.py kernels      # Pallas attention vs XLA attention (needs a GPU)
   python launch/bench.py controller   # plan + observe of a paper-sized AC2 step
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
