@@ -480,17 +480,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn
   # (samplers, critic reads) nor normalised over (the learner's log-probs), one value for all.
   valid_vocab = tok.vocab_size if model_config.vocab_size > tok.vocab_size else 0
-  update_settings = updates.UpdateSettings(
-      model=model_config,
-      optim=state_lib.OptimSettings(actor_lr=c.actor.learning_rate,
-                                    actor_weight_decay=c.actor.weight_decay,
-                                    actor_grad_clip=c.actor.grad_clip,
-                                    critic_grad_clip=c.critic.grad_clip),
-      temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
-      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab,
-      **(dict(policy_loss='dis', dis_low=s.pact.dis_low, dis_high=s.pact.dis_high)
-         if s.pact else {}))
+  update_settings = update_settings_of(c, model_config, valid_vocab, s.pact)
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))
   sizes = run_sizes(c, longest_prompt)
@@ -525,6 +515,22 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   else:
     algorithm = ac2_lib.AC2(rt, s.controller, c.seed, use_critic=c.algorithm == 'ac2')
   return rt, algorithm, state
+
+
+def update_settings_of(c: ml_collections.ConfigDict, model_config: ModelConfig,
+                       valid_vocab_size: int = 0,
+                       pact: pact_lib.PACTSettings | None = None) -> updates.UpdateSettings:
+  """The jitted updates' static settings for `model_config` (PACT's DIS actor loss with `pact`)."""
+  return updates.UpdateSettings(
+      model=model_config,
+      optim=state_lib.OptimSettings(actor_lr=c.actor.learning_rate,
+                                    actor_weight_decay=c.actor.weight_decay,
+                                    actor_grad_clip=c.actor.grad_clip,
+                                    critic_grad_clip=c.critic.grad_clip),
+      temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
+      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
+      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab_size,
+      **(dict(policy_loss='dis', dis_low=pact.dis_low, dis_high=pact.dis_high) if pact else {}))
 
 
 def step_key(seed: int, step: int) -> jax.Array:
