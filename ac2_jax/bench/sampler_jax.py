@@ -35,9 +35,9 @@ def peaks() -> dict:
 def _prefill_logits(params, contexts_BxP, lengths_B, *, config, max_new: int):
   """The logits of token 1 as `decode.decode_batch` computes them: a prefill into its cache."""
   B, P = contexts_BxP.shape
-  shape = (B, P + max_new, config.num_kv_heads, config.head_dim)
+  shapes = dict(zip(('k', 'v'), qwen3.layer_cache_shapes(config, B, P + max_new)))
   cache = {name: tuple(jnp.zeros(shape, config.jnp_dtype) for _ in range(config.num_layers))
-           for name in ('k', 'v')}
+           for name, shape in shapes.items()}
   hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, cache=cache, lengths_B=lengths_B,
                                   output='hidden')
   return qwen3.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
