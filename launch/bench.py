@@ -1,6 +1,9 @@
 """Benchmarks, each printing ratios measured side by side in one run.
 
-  python launch/bench.py sampler      # our sampler vs a naive loop vs transformers.generate
+  python launch/bench.py sampler      # our sampler vs transformers.generate, each in its own
+                                      # process, against the machine's measured peaks
+  python launch/bench.py train        # actor and critic updates of tiny and small vs the matmul
+                                      # peak, and what bounds them
   python launch/bench.py kernels      # Pallas attention vs XLA attention (needs a GPU)
   python launch/bench.py controller   # plan + observe of a paper-sized AC2 step
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
@@ -15,6 +18,8 @@ def _run(name: str, argv: list[str]) -> None:
   # Explicit imports: each benchmark pulls in only what it measures.
   if name == 'sampler':
     from ac2_jax.bench import sampler as bench
+  elif name == 'train':
+    from ac2_jax.bench import train as bench
   elif name == 'kernels':
     from ac2_jax.bench import kernels as bench
   elif name == 'controller':
@@ -26,8 +31,8 @@ def _run(name: str, argv: list[str]) -> None:
   elif name == 'critic_exact':
     from ac2_jax.bench import critic_exact as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, kernels, controller, judge, '
-                     'critic or critic_exact')
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, train, kernels, controller, '
+                     'judge, critic or critic_exact')
   bench.main(argv)
 
 

@@ -10,7 +10,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS = (
-    ('kernels', 'ac2_jax.models', 'ac2_jax.sharding', 'ac2_jax.tokenization'),
+    ('kernels', 'ac2_jax.models', 'ac2_jax.sharding', 'ac2_jax.tokenization',
+     'ac2_jax.device_reads'),
     ('ac2_jax.sampling', 'ac2_jax.rl', 'ac2_jax.critic', 'ac2_jax.controller', 'ac2_jax.tasks',
      'ac2_jax.judges'),
     ('ac2_jax.learner',),

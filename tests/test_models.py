@@ -11,6 +11,7 @@ import pytest
 
 from ac2_jax.models import forward, get_config, init_cache, init_params
 from ac2_jax.models import logits as _logits
+from ac2_jax.models import qwen3
 
 # Jitted once per config: op-by-op execution of the decoder is far slower on CPU.
 logits = jax.jit(_logits, static_argnums=0)
@@ -88,7 +89,9 @@ def test_kv_cache_decoding_equals_full_forward_with_ragged_offsets(tiny):
   out_Bx2xV, cache = step(params, block_Bx2, np.full(3, 2, np.int32), cache, offs_B)
   for k in range(2):
     np.testing.assert_allclose(out_Bx2xV[:, k], want_BxTxV[np.arange(3), offs_B + k], atol=1e-4)
-  assert cache['k'].shape == (config.num_layers, 3, S, config.num_kv_heads, config.head_dim)
+  k_shape, v_shape = qwen3.layer_cache_shapes(config, 3, S)
+  assert cache['k'].shape == (config.num_layers, *k_shape)
+  assert cache['v'].shape == (config.num_layers, *v_shape)
 
 
 def _param_count(name):

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from ac2_jax import controller as ctl
+from ac2_jax import device_reads
 from ac2_jax.algorithms import base
 from ac2_jax.algorithms import timing
 from ac2_jax.controller.steps import RequestKind, ValueSource
@@ -180,10 +181,12 @@ class AC2(base.Algorithm):
 
   def assign_advantages(self, data: StepData) -> None:
     """A_i = v_i - mean_j v_j per group (invalid reads: weight 0, filled); group-1 singles v - V(s).
-    Refills fill the replay buffer and are never trained on (weight 0)."""
+    Refills fill the replay buffer and are never trained on (weight 0). Every group's advantages
+    are computed on the device and read back together, in one read."""
     groups: dict[int, list[ChunkRow]] = {}
     for row in data.rows:
       groups.setdefault(row.request_index, []).append(row)
+    pending = []
     for r, members in groups.items():
       req = data.plan.requests[r]
       if req.kind == RequestKind.REFILL:
@@ -192,12 +195,13 @@ class AC2(base.Algorithm):
       valid = np.array([m.actor_valid for m in members], bool)
       if req.num_continuations == 1 and req.kind == RequestKind.READY_CHUNK:
         baseline = data.prefix_values.get(r)
-        a, w, _, _ = adv_lib.ac2_single_advantages(
-            values, valid, np.array([0.0 if baseline is None else baseline]),
-            np.array([baseline is not None]))
+        inputs = (values, valid, np.array([0.0 if baseline is None else baseline], np.float32),
+                  np.array([baseline is not None]))
+        pending.append((members, _single_advantages(*jax.device_put(inputs))))
       else:
-        a, w, _ = adv_lib.ac2_chunk_advantages(values[None], valid[None])
-        a, w = a[0], w[0]
+        pending.append((members, _chunk_advantages(*jax.device_put((values, valid)))))
+    host = device_reads.read('advantages', [aw for _, aw in pending])
+    for (members, _), (a, w) in zip(pending, host):
       for k, m in enumerate(members):
         m.rollout.advantage = float(a[k])
         m.rollout.weight = float(w[k])
@@ -262,7 +266,8 @@ class AC2(base.Algorithm):
         rt, [contexts[id(r)] for r in batch.records], batch.records)
     if device_batch is None:
       return state, {}, counts
-    state, metrics = rt.critic_step(state, device_batch, np.float32(self.controller.critic_lr))
+    state, metrics = rt.critic_step(state, device_batch,
+                                    rt.put_batch(np.float32(self.controller.critic_lr)))
     return state, metrics, counts
 
   def metrics(self, data: StepData, outcome: ctl.StepOutcome, updates: dict) -> dict:
@@ -301,6 +306,20 @@ class AC2(base.Algorithm):
       if row.request.kind != RequestKind.REFILL:
         groups.setdefault(row.request_index, []).append(row.actor_value)
     return list(groups.values())
+
+
+# Jitted, so the per-group arithmetic runs as one program on inputs uploaded explicitly (no
+# implicit transfers), and read back with the step's other advantages.
+@jax.jit
+def _chunk_advantages(values_G, valid_G):
+  a_1xG, w_1xG, _ = adv_lib.ac2_chunk_advantages(values_G[None], valid_G[None])
+  return a_1xG[0], w_1xG[0]
+
+
+@jax.jit
+def _single_advantages(values_1, valid_1, baselines_1, baseline_valid_1):
+  a_1, w_1, _, _ = adv_lib.ac2_single_advantages(values_1, valid_1, baselines_1, baseline_valid_1)
+  return a_1, w_1
 
 
 def _mean(xs) -> float | None:

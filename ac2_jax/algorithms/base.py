@@ -12,6 +12,7 @@ from typing import Protocol
 
 import jax
 
+from ac2_jax import device_reads
 from ac2_jax.learner.runtime import Runtime
 from ac2_jax.learner.state import TrainState
 
@@ -39,6 +40,6 @@ class Algorithm(Protocol):
 
 
 def host_metrics(device_metrics: dict) -> dict[str, float]:
-  """The one device read of a step: every update's metrics (nested dicts of arrays) as floats."""
-  host = jax.device_get(device_metrics)
+  """The one read of a step's update metrics (nested dicts of arrays), as floats."""
+  host = device_reads.read('update_metrics', device_metrics)
   return jax.tree.map(float, host)

@@ -1,179 +1,178 @@
-"""Sampler throughput: our decoder vs a naive full-recompute loop vs transformers `generate`.
+"""Sampler throughput against transformers `generate`, each engine in its own process on the same
+exported weights, and the work done against the machine's measured peaks.
 
-  python launch/bench.py sampler [--preset small] [--batch 64] [--new_tokens 256]
-      [--prompt_len 32] [--chunk 32] [--long 128] [--skip_hf]
+  python launch/bench.py sampler [--configs mini,small] [--batches 8,64] [--new_tokens 128]
+      [--prompt_len 32] [--temperature 0.8] [--repeats 3] [--chunk 32] [--hf_threads 1,2]
+      [--skip_hf]
 
-All three sample the same random-weight model (temperature 1, no top-k/top-p, no stop token, so
-every row generates exactly `new_tokens`), from the same ragged prompts (lengths uniform in
-[prompt_len / 2, prompt_len]). Compilation is excluded: each jitted shape is run once before timing.
+Per config, random weights (seed 0) are exported once with `save_hf_checkpoint`, with prompts of
+`prompt_len` random ids (batch b takes the first b). Then, each engine in a process of its own
+(spawn.py says why):
+1. parity: every engine computes the first-token logits of the prompts; the run stops unless
+   they agree with transformers' within 1e-4 (largest absolute difference): timing two engines
+   means nothing unless they run the same model.
+2. throughput: per batch size, one warm-up call, then `repeats` timed calls (the median counts):
+   temperature sampling with no top-k/top-p cut and no stop token, so every row draws
+   `new_tokens`; prefill included. At the largest batch ours also times a `chunk`-token call on
+   the same prompts: what AC2 pays for a chunk relative to a longer continuation. Transformers
+   runs at the faster of 1 thread and every core (`--hf_threads`; a warm-up call at each
+   decides): on shared cores torch's threads stall each other (sampler_hf.py).
+The peaks (a jitted float32 matmul and a large elementwise pass, `roofline.measure_peaks`) are
+measured in their own process in the same run; achieved FLOP/s and bytes/s count the work the
+model needs (`roofline.generate_cost`), so padding or re-reading shows as a lower fraction.
 
-- ours: `ac2_jax.sampling.generate` (prefill, then the `lax.while_loop` decoder over a KV cache).
-- naive: each new token recomputes a full forward pass over the whole sequence so far (jitted per
-  length bucket). One step is timed per bucket and weighted by its number of steps (the step cost
-  depends only on the bucket), which keeps the bench within minutes.
-- transformers: `Qwen3ForCausalLM.generate` (torch CPU, fp32, left padding, KV cache) on the same
-  weights exported with `save_hf_checkpoint`; skipped when torch/transformers do not import.
+Engines: ours (`sampling.generate`, worker `sampler_jax`) and Hugging Face transformers
+(worker `sampler_hf`; skipped when torch or transformers is not installed). The naive
+full-recompute loop of earlier versions is gone: ours ran 58x faster than it, and it took most
+of the run time.
 
-Also: the time of a `chunk`-token continuation relative to `long` new tokens on the same prefixes,
-prefill included (the cost AC2 pays per chunk vs a longer rollout).
-Goals: ours >= 10x naive, >= 1.5x transformers, chunk/long <= 1/3.
-
-Run time on 2 shared CPU cores: about 9 minutes with the defaults (transformers about 5.5, the naive
-step times about 2); `--skip_hf` or a smaller `--batch`/`--new_tokens` for a quick run.
+Configs: `mini` is issue 21's (vocab 1,024, hidden 256, 4 layers, 4 query / 2 KV heads, head_dim
+64, intermediate 768, untied); `small` is the preset (29M parameters, tied).
+Goal (issue 21): ours >= 1.5x transformers' tokens/s at `mini`, batch 64.
+Run time with the defaults: about 6 minutes on 2 CPU cores shared with other jobs (load 5).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
+import importlib.util
 import os
 import tempfile
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ac2_jax import models
-from ac2_jax.models import qwen3
-from ac2_jax.sampling import decode, distribution, requests, sampler
-from ac2_jax.sampling.settings import SamplingSettings
+from ac2_jax.bench import roofline, spawn
 
-SETTINGS = SamplingSettings(temperature=1.0)
-
-
-def _warm_up(config, params, contexts, caps) -> None:
-  """Compiles `generate`'s executable for these requests while decoding a single token per row."""
-  packed = requests.pack(contexts, caps, None, vocab_size=config.vocab_size,
-                         max_total_len=config.max_position_embeddings)
-  out = decode.decode_batch(params, jax.random.key(0), packed.contexts_BxP,
-                            packed.context_lengths_B, np.ones_like(packed.caps_B),
-                            packed.row_ids_B, config=config, settings=SETTINGS, stop_ids=(),
-                            max_new=packed.max_new, mesh=None)
-  jax.block_until_ready(out)
-
-
-def _time_ours(config, params, contexts, new_tokens: int, key) -> float:
-  _warm_up(config, params, contexts, new_tokens)
-  compiled = decode.trace_count()
-  start = time.perf_counter()
-  out = sampler.generate(config, params, contexts, new_tokens, SETTINGS, key, stop_ids=())
-  elapsed = time.perf_counter() - start
-  assert int(out.num_new_N.min()) == new_tokens
-  assert decode.trace_count() == compiled, 'the timed call compiled: warm-up missed its shape'
-  return elapsed
+CONFIGS = {
+    'mini': models.ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=768,
+                               num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                               rope_theta=10_000.0, tie_embeddings=False,
+                               max_position_embeddings=4096),
+    'small': models.get_config('small'),
+}
+ENGINES = {'ours': 'ac2_jax.bench.sampler_jax', 'transformers': 'ac2_jax.bench.sampler_hf'}
+# torch's OpenMP threads spin-wait at each barrier by default; on shared cores that stalls them
+# (sampler_hf.py). JAX's thread pool is left as it is.
+ENV = {'ours': {}, 'transformers': {'OMP_WAIT_POLICY': 'PASSIVE'}}
+LOGIT_TOLERANCE = 1e-4
+GOAL = ('mini', 64, 1.5)  # (config, batch, ours / transformers)
 
 
-@functools.partial(jax.jit, static_argnames=('config',))
-def _naive_next(params, tokens_BxT, lengths_B, keys_B, *, config):
-  hidden_BxTxE, _ = qwen3.forward(config, params, tokens_BxT, lengths_B=lengths_B,
-                                  output='hidden')
-  logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxTxE, lengths_B))
-  return distribution.draw(keys_B, distribution.sampling_log_probs(logits_BxV, SETTINGS), False)
+def _have_transformers() -> bool:
+  return all(importlib.util.find_spec(m) is not None for m in ('torch', 'transformers'))
 
 
-def _time_naive(config, params, contexts, new_tokens: int, key) -> float:
-  """Seconds the full-recompute loop needs for `new_tokens` tokens (compilation excluded).
-
-  The loop's step t runs one forward over a batch padded to width bucket(longest + t), and its
-  cost depends only on that width. So one step is timed per width the loop meets, weighted by
-  the number of steps at that width.
-  """
-  B = len(contexts)
-  longest = max(len(c) for c in contexts)
-  widths = collections.Counter(requests.bucket(longest + t) for t in range(new_tokens))
-  rng = np.random.RandomState(1)
-  keys_B = jax.random.split(key, B)
-  total = 0.0
-  for width, steps in sorted(widths.items()):
-    tokens_BxT = jnp.asarray(rng.randint(0, config.vocab_size, (B, width)), jnp.int32)
-    lengths_B = jnp.asarray(rng.randint(width // 2, width + 1, B), jnp.int32)
-    _naive_next(params, tokens_BxT, lengths_B, keys_B, config=config).block_until_ready()
-    start = time.perf_counter()
-    np.asarray(_naive_next(params, tokens_BxT, lengths_B, keys_B, config=config))
-    step = time.perf_counter() - start
-    print(f'    naive step at width {width:4d}: {step:6.2f} s x {steps} steps')
-    total += step * steps
-  return total
+def _load() -> str:
+  return 'load average {:.1f} {:.1f} {:.1f}'.format(*os.getloadavg())
 
 
-def _time_transformers(config, params, contexts, new_tokens: int) -> float | None:
-  try:
-    import torch
-    import transformers
-  except ImportError as e:
-    print(f'  transformers: skipped ({e})')
+def check_parity(engines: list[str], job: dict, workdir: str) -> float | None:
+  """Largest |ours - transformers| over the first-token logits; None without transformers."""
+  found = {}
+  for engine in engines:
+    out = os.path.join(workdir, f'logits_{engine}.npy')
+    spawn.run(ENGINES[engine], {**job, 'task': 'logits', 'out': out}, env=ENV[engine])
+    found[engine] = np.load(out)
+  if 'transformers' not in found:
     return None
-  torch.set_num_threads(os.cpu_count() or 1)
-  with tempfile.TemporaryDirectory() as tmp:
-    models.save_hf_checkpoint(config, params, tmp)
-    model = transformers.Qwen3ForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-  model.eval()
-  B, width = len(contexts), max(len(c) for c in contexts)
-  ids = np.zeros((B, width), np.int64)
-  mask = np.zeros((B, width), np.int64)
-  for i, c in enumerate(contexts):  # left padding, as generate expects for decoder-only models
-    ids[i, width - len(c):] = c
-    mask[i, width - len(c):] = 1
-  kwargs = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                do_sample=True, temperature=SETTINGS.temperature, top_k=0, top_p=1.0,
-                pad_token_id=0, eos_token_id=None)
-  with torch.inference_mode():
-    model.generate(**kwargs, max_new_tokens=2, min_new_tokens=2)  # warm-up
-    start = time.perf_counter()
-    out = model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    elapsed = time.perf_counter() - start
-  assert out.shape[1] == width + new_tokens, out.shape
-  print(f'  transformers {transformers.__version__}, torch {torch.__version__}, '
-        f'{torch.get_num_threads()} threads')
-  return elapsed
+  return float(np.max(np.abs(found['ours'] - found['transformers'])))
 
 
-def _status(ok: bool) -> str:
-  return 'met' if ok else 'MISSED'
+def _rows(results: dict, batch: int) -> list[tuple[str, dict]]:
+  """(label, run) of every engine at `batch`, transformers first."""
+  rows = []
+  if 'transformers' in results:
+    run = results['transformers']['runs'][str(batch)]
+    rows.append((f'transformers {run["threads"]} thr', run))
+  return rows + [('ours', results['ours']['runs'][str(batch)])]
+
+
+def _line(label: str, run: dict, batch: int, hf_seconds: float | None, config, args,
+          peaks: dict) -> str:
+  seconds = run['median']
+  flops, nbytes = roofline.generate_cost(config, batch, args.prompt_len, args.new_tokens)
+  achieved = lambda work, peak: (f'{work / seconds / 1e9:7.2f} '
+                                 f'({roofline.fraction(work / seconds, peak)})')
+  ratio = f'{hf_seconds / seconds:6.2f}' if hf_seconds else '     -'
+  chunk = f'{run["chunk"]["median"] / seconds:6.3f}' if 'chunk' in run else '     -'
+  spread = '/'.join(f'{s:.2f}' for s in run['seconds'])
+  return (f'  {batch:5d}  {label:18s} {batch * args.new_tokens / seconds:8.0f} {ratio:>8s}  '
+          f'{achieved(flops, peaks["matmul_flops_per_s"])}  '
+          f'{achieved(nbytes, peaks["copy_bytes_per_s"])}  {chunk:>7s}   {spread} s '
+          f'(warm-up {run["warmup"]:.1f} s)')
 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog='bench.py sampler', description=__doc__.split('\n')[0])
-  parser.add_argument('--preset', default='small')
-  parser.add_argument('--batch', type=int, default=64)
-  parser.add_argument('--new_tokens', type=int, default=256)
+  parser.add_argument('--configs', default='mini,small')
+  parser.add_argument('--batches', default='8,64')
+  parser.add_argument('--new_tokens', type=int, default=128)
   parser.add_argument('--prompt_len', type=int, default=32)
-  parser.add_argument('--chunk', type=int, default=32)
-  parser.add_argument('--long', type=int, default=128)
+  parser.add_argument('--temperature', type=float, default=0.8)
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--chunk', type=int, default=32, help='0: no chunk timing')
+  parser.add_argument('--hf_threads', default='',
+                      help='torch thread counts to time; default: 1 and every core')
   parser.add_argument('--skip_hf', action='store_true')
   args = parser.parse_args(argv)
+  names = [n for n in args.configs.split(',') if n]
+  unknown = [n for n in names if n not in CONFIGS]
+  if unknown:
+    raise SystemExit(f'unknown configs {unknown}; known: {", ".join(CONFIGS)}')
+  batches = [int(b) for b in args.batches.split(',')]
+  threads = sorted({int(t) for t in args.hf_threads.split(',') if t} or {1, os.cpu_count() or 1})
+  engines = ['transformers', 'ours']
+  if args.skip_hf or not _have_transformers():
+    print('transformers: skipped' + ('' if args.skip_hf else ' (torch or transformers missing)'))
+    engines = ['ours']
+  jobs = {'ours': {'chunk': args.chunk}, 'transformers': {'threads': threads}}
 
-  config = models.get_config(args.preset)
-  params = models.init_params(config, jax.random.key(0))
-  rng = np.random.RandomState(0)
-  lengths = rng.randint(max(args.prompt_len // 2, 1), args.prompt_len + 1, size=args.batch)
-  contexts = [rng.randint(0, config.vocab_size, size=n).astype(np.int32) for n in lengths]
-  n_tokens = args.batch * args.new_tokens
-  print(f'sampler: preset {args.preset}, batch {args.batch}, {args.new_tokens} new tokens, '
-        f'prompts of {lengths.min()}..{lengths.max()} tokens; {jax.devices()[0].platform} '
-        f'x{len(jax.devices())}, {os.cpu_count()} CPUs (shared machine: timings are noisy)')
-
-  ours = _time_ours(config, params, contexts, args.new_tokens, jax.random.key(1))
-  ours_rate = n_tokens / ours
-  print(f'  ours          {ours_rate:10.1f} tokens/s   ({ours:.2f} s, prefill included)')
-  naive = _time_naive(config, params, contexts, args.new_tokens, jax.random.key(1))
-  naive_rate = n_tokens / naive
-  print(f'  naive         {naive_rate:10.1f} tokens/s   ({naive:.2f} s from the step times above)')
-  hf = None if args.skip_hf else _time_transformers(config, params, contexts, args.new_tokens)
-  if hf is not None:
-    print(f'  transformers  {n_tokens / hf:10.1f} tokens/s   ({hf:.2f} s)')
-
-  chunk = _time_ours(config, params, contexts, args.chunk, jax.random.key(2))
-  long = _time_ours(config, params, contexts, args.long, jax.random.key(2))
-
-  print('ratios')
-  speedup = ours_rate / naive_rate
-  print(f'  ours / naive          x{speedup:7.2f}   goal >= 10    {_status(speedup >= 10)}')
-  if hf is not None:
-    speedup = hf / ours
-    print(f'  ours / transformers   x{speedup:7.2f}   goal >= 1.5   {_status(speedup >= 1.5)}')
-  ratio = chunk / long
-  print(f'  {args.chunk}-token chunk / {args.long} new tokens: {chunk:.2f} s / {long:.2f} s = '
-        f'{ratio:.3f}   goal <= 0.333   {_status(ratio <= 1 / 3)}')
+  print(f'sampler: prompts of {args.prompt_len} ids, {args.new_tokens} new tokens, temperature '
+        f'{args.temperature}, no stop token; median of {args.repeats} after a warm-up; each '
+        f'engine in its own process; {os.cpu_count()} CPUs, {_load()} at the start')
+  peaks = spawn.run(ENGINES['ours'], {'task': 'peaks'})
+  print(f'peaks (own process, jax {peaks["jax"]}): '
+        + roofline.Peaks(peaks['matmul_flops_per_s'], peaks['copy_bytes_per_s'],
+                         peaks['matmul_n'], peaks['copy_mib']).describe())
+  goal = None
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in names:
+      config = CONFIGS[name]
+      workdir = os.path.join(tmp, name)
+      models.save_hf_checkpoint(config, models.init_params(config, jax.random.key(0)),
+                                os.path.join(workdir, 'checkpoint'))
+      prompts = os.path.join(workdir, 'prompts.npy')
+      rng = np.random.RandomState(0)
+      np.save(prompts, rng.randint(0, config.vocab_size, (max(batches), args.prompt_len)))
+      job = {'checkpoint': os.path.join(workdir, 'checkpoint'), 'prompts': prompts,
+             'new_tokens': args.new_tokens}
+      diff = check_parity(engines, job, workdir)
+      print(f'config {name}: {roofline.num_params(config) / 1e6:.2f}M parameters, '
+            f'{"tied" if config.tie_embeddings else "untied"}, weights read per forward '
+            f'{roofline.weight_bytes(config) / 1e6:.1f} MB; first-token logits '
+            + ('not compared' if diff is None else
+               f'max |ours - transformers| {diff:.1e} (limit {LOGIT_TOLERANCE:.0e})'))
+      if diff is not None and not diff <= LOGIT_TOLERANCE:
+        raise SystemExit(f'config {name}: the engines disagree on the logits; not timed')
+      results = {}
+      for engine in engines:
+        results[engine] = spawn.run(ENGINES[engine], {
+            **job, **jobs[engine], 'task': 'throughput', 'batches': batches,
+            'temperature': args.temperature, 'repeats': args.repeats}, env=ENV[engine])
+        print(f'  {engine}: {results[engine]["engine"]}')
+      print(f'  {"batch":>5s}  {"engine":18s} {"tokens/s":>8s} {"x transf":>8s}  '
+            f'{"GFLOP/s (of peak)":>17s}  {"GB/s (of peak)":>17s}  '
+            f'{f"{args.chunk}/{args.new_tokens}":>7s}   timed runs')
+      for batch in batches:
+        rows = _rows(results, batch)
+        hf_seconds = rows[0][1]['median'] if len(rows) > 1 else None
+        for label, run in rows:
+          print(_line(label, run, batch, hf_seconds, config, args, peaks))
+        if (name, batch) == GOAL[:2] and hf_seconds:
+          goal = hf_seconds / results['ours']['runs'][str(batch)]['median']
+  if goal is not None:
+    print(f'goal: ours / fastest transformers at {GOAL[0]}, batch {GOAL[1]}: x{goal:.2f} '
+          f'(goal >= {GOAL[2]}) {"met" if goal >= GOAL[2] else "MISSED"}')
+  print(f'{_load()} at the end')

@@ -5,7 +5,8 @@ their sampling log-probs and entropies, and, once scored, its advantage and loss
 algorithm builds rows, scores them its own way, and hands them to `train_actor`.
 
 Update metrics stay on the device: `train_actor` and `train_critic` return them as arrays, and an
-algorithm reads a step's metrics with one `jax.device_get` at its end.
+algorithm reads a step's metrics once, at its end (`device_reads.read('update_metrics', ...)`).
+Scalars go to the device explicitly (`rt.put_batch`), as the batches do.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import dataclasses
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ac2_jax import critic, sampling
@@ -100,7 +100,7 @@ def train_actor(rt: Runtime, state, rows: Sequence[Row], eps_high: float, miniba
   chosen = minibatch_rows(rt, rows, minibatch)
   if not chosen:
     return state, {'skipped_empty': 1.0}
-  return rt.actor_step(state, actor_batch(rt, chosen), jnp.float32(eps_high))
+  return rt.actor_step(state, actor_batch(rt, chosen), rt.put_batch(np.float32(eps_high)))
 
 
 def response_texts(rt: Runtime, rows: Sequence[Row]) -> list[str]:

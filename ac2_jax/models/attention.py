@@ -19,21 +19,45 @@ import jax.numpy as jnp
 from kernels.reference import visible_BxTxS
 
 
-def xla_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B):
-  """Grouped-query attention in plain jnp (float32 softmax), the `attention_impl='xla'` path."""
-  B, T, H, D = q_BxTxHxD.shape
-  S, K = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]
-  G = H // K
-  q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, G, D)
-  scores_BxKxGxTxS = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxD, k_BxSxKxD,
-                                preferred_element_type=jnp.float32) * (D ** -0.5)
+def _probs(scores_BxKxGxTxS, q_pos_BxT, kv_len_B):
+  """Masked float32 softmax over the key slots."""
+  S = scores_BxKxGxTxS.shape[-1]
   mask = visible_BxTxS(q_pos_BxT, kv_len_B, S)[:, None, None, :, :]
   scores_BxKxGxTxS = jnp.where(mask, scores_BxKxGxTxS, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1)
   # A query with no visible key (only on padded rows) gets a uniform row; zero it for hygiene.
-  probs = jnp.where(mask.any(-1, keepdims=True), probs, 0.0)
+  return jnp.where(mask.any(-1, keepdims=True), probs, 0.0)
+
+
+def xla_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B):
+  """Grouped-query attention in plain jnp (float32 softmax), the `attention_impl='xla'` path."""
+  B, T, H, D = q_BxTxHxD.shape
+  K = k_BxSxKxD.shape[2]
+  q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, H // K, D)
+  scores_BxKxGxTxS = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxD, k_BxSxKxD,
+                                preferred_element_type=jnp.float32) * (D ** -0.5)
+  probs = _probs(scores_BxKxGxTxS, q_pos_BxT, kv_len_B)
   out_BxTxKxGxD = jnp.einsum('bkgts,bskd->btkgd', probs.astype(v_BxSxKxD.dtype), v_BxSxKxD)
   return out_BxTxKxGxD.reshape(B, T, H, D)
+
+
+def xla_cached_attention(q_BxTxHxD, k_BxKxDxS, v_BxKxSxD, q_pos_BxT, kv_len_B):
+  """`xla_attention` over a cache in the XLA path's layout (`qwen3.layer_cache_shapes`): keys
+  [B, K, D, S] and values [B, K, S, D]. The queries are moved to [B, K, G*T, D] first, so that
+  both matmuls are plain batched matmuls over (B, K) that read the cache where it lies (measured
+  on CPU with the T axis left between B and K: XLA copied the cache to another layout at every
+  step and ran 10x slower)."""
+  B, T, H, D = q_BxTxHxD.shape
+  K, S = k_BxKxDxS.shape[1], k_BxKxDxS.shape[3]
+  G = H // K
+  q_BxKxMxD = q_BxTxHxD.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+  scores_BxKxMxS = jnp.einsum('bkmd,bkds->bkms', q_BxKxMxD, k_BxKxDxS,
+                              preferred_element_type=jnp.float32) * (D ** -0.5)
+  probs_BxKxGxTxS = _probs(scores_BxKxMxS.reshape(B, K, G, T, S), q_pos_BxT, kv_len_B)
+  out_BxKxMxD = jnp.einsum('bkms,bksd->bkmd',
+                           probs_BxKxGxTxS.reshape(B, K, G * T, S).astype(v_BxKxSxD.dtype),
+                           v_BxKxSxD)
+  return out_BxKxMxD.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
 
 
 def attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B, *, impl: str = 'xla',

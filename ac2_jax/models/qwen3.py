@@ -4,12 +4,13 @@ Module names follow the Hugging Face checkpoint (`embed_tokens`, `layers_{i}.sel
 so that `checkpoint.py` maps tensors by a fixed rename. Projections keep the head axis explicit
 (`q_proj.kernel` is [hidden, heads, head_dim]) so that the `tensor` mesh axis can split heads.
 
-A KV cache is a dict `{'k': [L, B, S, K, D], 'v': [L, B, S, K, D]}`, or per layer
-`{'k': (L arrays [B, S, K, D]), 'v': (...)}`; `forward` returns the layout it was given. Decode loops
-carry the per-layer layout: restacking the [L, ...] array would copy the whole cache every token.
-`forward` appends a block of
-T tokens to every row at that row's own offset `cache_lengths_B`; prefill is the case offset 0,
-decoding the case T = 1. The caller keeps `offset + T <= S`.
+A KV cache is a dict `{'k': [L, ...], 'v': [L, ...]}` of stacked layers, or per layer
+`{'k': (L arrays), 'v': (...)}`; `forward` returns the form it was given. Decode loops carry the
+per-layer form: restacking the [L, ...] array would copy the whole cache every token. A layer's
+arrays are [B, K, D, S] keys and [B, K, S, D] values on the XLA path, [B, S, K, D] both for the
+Pallas kernels (`layer_cache_shapes` says why). `forward` appends a block of T tokens to every
+row at that row's own offset `cache_lengths_B`; prefill is the case offset 0, decoding the case
+T = 1. The caller keeps `offset + T <= S`.
 """
 
 from __future__ import annotations
@@ -67,20 +68,31 @@ class Attention(nn.Module):
     q = rope(q, positions_BxT, c.rope_theta)
     k = rope(k, positions_BxT, c.rope_theta)
 
-    if layer_cache is None:
-      keys_BxSxKxD, values_BxSxKxD, new_cache = k, v, None
-    else:
+    if layer_cache is not None and heads_major_cache(c):
       cache_k, cache_v = layer_cache
       offsets_B = positions_BxT[:, 0]
-      write = jax.vmap(lambda buf, new, o: jax.lax.dynamic_update_slice(buf, new, (o, 0, 0)))
-      keys_BxSxKxD = write(cache_k, k.astype(cache_k.dtype), offsets_B)
-      values_BxSxKxD = write(cache_v, v.astype(cache_v.dtype), offsets_B)
-      new_cache = (keys_BxSxKxD, values_BxSxKxD)
-
-    out_BxTxHxD = attention_lib.attention(
-        q, keys_BxSxKxD.astype(q.dtype), values_BxSxKxD.astype(q.dtype), positions_BxT, kv_len_B,
-        impl=c.attention_impl, interpret=c.pallas_interpret,
-        backend=c.pallas_backend)
+      write_k = jax.vmap(lambda buf, new, o: jax.lax.dynamic_update_slice(buf, new, (0, 0, o)))
+      write_v = jax.vmap(lambda buf, new, o: jax.lax.dynamic_update_slice(buf, new, (0, o, 0)))
+      keys_BxKxDxS = write_k(cache_k, k.transpose(0, 2, 3, 1).astype(cache_k.dtype), offsets_B)
+      values_BxKxSxD = write_v(cache_v, v.transpose(0, 2, 1, 3).astype(cache_v.dtype), offsets_B)
+      new_cache = (keys_BxKxDxS, values_BxKxSxD)
+      out_BxTxHxD = attention_lib.xla_cached_attention(
+          q, keys_BxKxDxS.astype(q.dtype), values_BxKxSxD.astype(q.dtype), positions_BxT,
+          kv_len_B)
+    else:
+      if layer_cache is None:
+        keys_BxSxKxD, values_BxSxKxD, new_cache = k, v, None
+      else:
+        cache_k, cache_v = layer_cache
+        offsets_B = positions_BxT[:, 0]
+        write = jax.vmap(lambda buf, new, o: jax.lax.dynamic_update_slice(buf, new, (o, 0, 0)))
+        keys_BxSxKxD = write(cache_k, k.astype(cache_k.dtype), offsets_B)
+        values_BxSxKxD = write(cache_v, v.astype(cache_v.dtype), offsets_B)
+        new_cache = (keys_BxSxKxD, values_BxSxKxD)
+      out_BxTxHxD = attention_lib.attention(
+          q, keys_BxSxKxD.astype(q.dtype), values_BxSxKxD.astype(q.dtype), positions_BxT,
+          kv_len_B, impl=c.attention_impl, interpret=c.pallas_interpret,
+          backend=c.pallas_backend)
     out_BxTxE = _dense(c.hidden_size, 'o_proj', c, axis=(-2, -1))(out_BxTxHxD)
     return out_BxTxE, new_cache
 
@@ -155,10 +167,30 @@ def init_params(config: ModelConfig, rng: jax.Array):
                               jnp.ones((1,), jnp.int32))['params']
 
 
+def heads_major_cache(config: ModelConfig) -> bool:
+  """Whether the KV cache keeps heads before slots (the XLA path) or slots first (Pallas)."""
+  return config.attention_impl == 'xla'
+
+
+def layer_cache_shapes(config: ModelConfig, batch: int, slots: int) -> tuple[tuple, tuple]:
+  """Shapes of one layer's (keys, values) cache.
+
+  The XLA path keeps keys as [B, K, D, S] and values as [B, K, S, D]: the orders its two
+  attention matmuls read, so a decode step reads the cache in place. With [B, S, K, D] XLA copied
+  the whole cache into those orders at every step and layer (measured on CPU: a third of a decode
+  step of issue 21's model at batch 64). The Pallas kernels take [B, S, K, D].
+  """
+  K, D = config.num_kv_heads, config.head_dim
+  if heads_major_cache(config):
+    return (batch, K, D, slots), (batch, K, slots, D)
+  return (batch, slots, K, D), (batch, slots, K, D)
+
+
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
   dtype = config.jnp_dtype if dtype is None else dtype
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-  return {'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype)}
+  k_shape, v_shape = layer_cache_shapes(config, batch, max_len)
+  L = config.num_layers
+  return {'k': jnp.zeros((L, *k_shape), dtype), 'v': jnp.zeros((L, *v_shape), dtype)}
 
 
 def forward(config: ModelConfig, params, tokens_BxT, *, lengths_B=None, cache=None,

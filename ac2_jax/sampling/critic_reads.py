@@ -44,15 +44,17 @@ def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *
   return out.tokens_list()
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'mesh', 'settings'))
-def _next_token_log_probs(params, contexts_BxP, lengths_B, token_ids_M, *, config: ModelConfig,
-                          mesh: Mesh | None, settings: SamplingSettings):
+# The token ids are static (a critic's value grid: one set per run), so they are constants of the
+# program rather than an upload per call.
+@functools.partial(jax.jit, static_argnames=('token_ids', 'config', 'mesh', 'settings'))
+def _next_token_log_probs(params, contexts_BxP, lengths_B, *, token_ids: tuple[int, ...],
+                          config: ModelConfig, mesh: Mesh | None, settings: SamplingSettings):
   if mesh is not None:
     contexts_BxP = decode.constrain(contexts_BxP, mesh, P(decode.BATCH_AXES, None))
   hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, lengths_B=lengths_B,
                                   output='hidden')
   logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
-  return distribution.sampling_log_probs(logits_BxV, settings)[:, token_ids_M]
+  return distribution.sampling_log_probs(logits_BxV, settings)[:, jnp.asarray(token_ids)]
 
 
 def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarray],
@@ -80,9 +82,10 @@ def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarra
                          batch_multiple=sampler.check_mesh(mesh))
   log_probs_BxM = _next_token_log_probs(
       params, sampler.to_device(packed.contexts_BxP, mesh),
-      sampler.to_device(packed.context_lengths_B, mesh), jnp.asarray(token_ids, jnp.int32),
+      sampler.to_device(packed.context_lengths_B, mesh), token_ids=tuple(token_ids),
       config=config, mesh=mesh, settings=SamplingSettings(valid_vocab_size=valid_vocab_size))
-  probs_NxM = np.exp(sampler.to_host(log_probs_BxM)[:packed.num_rows].astype(np.float64))
+  log_probs_BxM = sampler.to_host(log_probs_BxM, 'token_distribution')
+  probs_NxM = np.exp(log_probs_BxM[:packed.num_rows].astype(np.float64))
   if renormalize:
     probs_NxM = probs_NxM / probs_NxM.sum(axis=-1, keepdims=True)
   return probs_NxM.astype(np.float32)

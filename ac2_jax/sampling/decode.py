@@ -7,9 +7,10 @@ padding of the batch.
 
 The cache is allocated inside the jitted function and only ever updated in place by the loop, so
 XLA owns one buffer for it from prefill to the last decode step (no donated copy is needed). It is
-carried as one [B, S, K, D] array per layer, a layout `qwen3.forward` takes and returns. Carrying
-the stacked [L, ...] array instead costs a copy of the whole cache on every decode step (measured:
-the tiny preset decodes 2x faster, the small one 10-20%).
+carried as one keys and one values array per layer (`qwen3.layer_cache_shapes`), a form
+`qwen3.forward` takes and returns. Carrying the stacked [L, ...] array instead costs a copy of the
+whole cache on every decode step (measured: the tiny preset decodes 2x faster, the small one
+10-20%).
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def constrain(x, mesh: Mesh | None, spec: P):
 
 
 def layer_cache_spec(config: ModelConfig, mesh: Mesh, batch: int) -> P:
-  """[B, S, K, D]: rows over the batch axes, KV heads over 'tensor' (where they divide evenly)."""
+  """A layer's keys or values: rows over the batch axes, KV heads over 'tensor' (where they divide
+  evenly), in either cache layout (`qwen3.layer_cache_shapes`)."""
+  if qwen3.heads_major_cache(config):
+    return sharding.fit_spec((BATCH_AXES, 'tensor', None, None),
+                             (batch, config.num_kv_heads, 0, 0), mesh)
   return sharding.fit_spec((BATCH_AXES, None, 'tensor', None),
                            (batch, 0, config.num_kv_heads, 0), mesh)
 
@@ -90,9 +95,9 @@ def decode_batch(params, key, contexts_BxP, context_lengths_B, caps_B, row_ids_B
   B, P_ = contexts_BxP.shape
   C = max_new
   batch = P(BATCH_AXES)
-  layer_shape = (B, P_ + C, config.num_kv_heads, config.head_dim)
-  cache = {name: tuple(jnp.zeros(layer_shape, config.jnp_dtype) for _ in range(config.num_layers))
-           for name in ('k', 'v')}
+  shapes = dict(zip(('k', 'v'), qwen3.layer_cache_shapes(config, B, P_ + C)))
+  cache = {name: tuple(jnp.zeros(shape, config.jnp_dtype) for _ in range(config.num_layers))
+           for name, shape in shapes.items()}
   if mesh is not None:
     cache = jax.tree.map(lambda x: constrain(x, mesh, layer_cache_spec(config, mesh, B)), cache)
   contexts_BxP = constrain(contexts_BxP, mesh, P(BATCH_AXES, None))

@@ -15,10 +15,10 @@ from typing import Sequence
 
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
-from ac2_jax import sharding
+from ac2_jax import device_reads, sharding
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.sampling import decode
 from ac2_jax.sampling import requests
@@ -58,10 +58,14 @@ def to_device(array_BxN: np.ndarray, mesh: Mesh | None) -> jax.Array | np.ndarra
   return array_BxN if mesh is None else sharding.put_batch(array_BxN, mesh)
 
 
-def to_host(array: jax.Array) -> np.ndarray:
-  if array.is_fully_addressable:
-    return np.asarray(array)
-  return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+def to_host(tree, name: str):
+  """The arrays of `tree` as numpy, in one read named `name` (`device_reads`): the host waits
+  here for the device on purpose. Arrays that span processes are gathered first."""
+  with device_reads.allowed(name):
+    if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+      return jax.device_get(tree)
+    return jax.tree.map(
+        lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
 
 
 def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_new_tokens,
@@ -110,6 +114,9 @@ def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_ne
     order = np.argsort([-len(c) for c in contexts], kind='stable')
     groups = [order[i:i + max_batch] for i in range(0, n, max_batch)]
 
+  if mesh is not None:
+    # Explicitly on every device: the jitted decoder's inputs arrive placed, none moved implicitly.
+    key = jax.device_put(key, NamedSharding(mesh, P()))
   outputs = []
   for rows in groups:
     packed = requests.pack(
@@ -121,7 +128,7 @@ def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_ne
         params, key, *(to_device(x, mesh) for x in (
             packed.contexts_BxP, packed.context_lengths_B, packed.caps_B, packed.row_ids_B)),
         config=config, settings=settings, stop_ids=stop_ids, max_new=packed.max_new, mesh=mesh)
-    outputs.append(requests.unpack(packed, *(to_host(x) for x in device_out), stop_ids))
+    outputs.append(requests.unpack(packed, *to_host(device_out, 'sampler_outputs'), stop_ids))
   if len(outputs) == 1:
     return outputs[0]
   return requests.concat(outputs, np.concatenate(groups))

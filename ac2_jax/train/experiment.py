@@ -26,6 +26,7 @@ from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 from ac2_jax.learner import value_critic
 from ac2_jax.models import value as value_model
+from ac2_jax.models.config import ModelConfig
 from ac2_jax.tasks import builtin_sft, builtin_tfds
 from ac2_jax.train import distributed
 from ac2_jax.train import sft as sft_lib
@@ -138,16 +139,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   # A checkpoint whose embedding is padded past the tokenizer: the padding ids are never drawn
   # (samplers, critic reads) nor normalised over (the learner's log-probs), one value for all.
   valid_vocab = tok.vocab_size if model_config.vocab_size > tok.vocab_size else 0
-  update_settings = updates.UpdateSettings(
-      model=model_config,
-      optim=state_lib.OptimSettings(actor_lr=c.actor.learning_rate,
-                                    actor_weight_decay=c.actor.weight_decay,
-                                    actor_grad_clip=c.actor.grad_clip,
-                                    critic_grad_clip=c.critic.grad_clip),
-      temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
-      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
-      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab,
-      **_policy_loss(s))
+  update_settings = update_settings_of(c, model_config, valid_vocab, s)
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))
   sizes = run_sizes(c, longest_prompt)
@@ -186,6 +178,23 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   else:
     algorithm = ac2_lib.AC2(rt, s.controller, c.seed, use_critic=c.algorithm == 'ac2')
   return rt, algorithm, state
+
+
+def update_settings_of(c: ml_collections.ConfigDict, model_config: ModelConfig,
+                       valid_vocab_size: int = 0, settings: Settings | None = None
+                       ) -> updates.UpdateSettings:
+  """The jitted updates' static settings for `model_config`; the actor loss is the algorithm's
+  (DIS for PACT, LiSAO and Li2SAO: `settings`, else `validate(c)`)."""
+  return updates.UpdateSettings(
+      model=model_config,
+      optim=state_lib.OptimSettings(actor_lr=c.actor.learning_rate,
+                                    actor_weight_decay=c.actor.weight_decay,
+                                    actor_grad_clip=c.actor.grad_clip,
+                                    critic_grad_clip=c.critic.grad_clip),
+      temperature=c.sampling.temperature, eps_low=c.actor.eps_low,
+      dual_clip=c.actor.dual_clip or None, micro_batch=c.actor.micro_batch,
+      logits_chunk=c.model.logits_chunk, valid_vocab_size=valid_vocab_size,
+      **_policy_loss(settings or validate(c)))
 
 
 def step_key(seed: int, step: int) -> jax.Array:

@@ -1,0 +1,87 @@
+"""`bench.py sampler`: its work accounting, and its worker processes on a tiny exported model."""
+
+import importlib.util
+
+import jax
+import numpy as np
+import pytest
+
+from ac2_jax import models
+from ac2_jax.bench import roofline, spawn
+from ac2_jax.rl import flops as flops_lib
+
+HAVE_TRANSFORMERS = all(importlib.util.find_spec(m) for m in ('torch', 'transformers'))
+
+
+@pytest.mark.parametrize('preset', ['tiny', 'small'])
+def test_num_params_counts_the_model(preset):
+  config = models.get_config(preset)
+  shapes = jax.eval_shape(lambda: models.init_params(config, jax.random.key(0)))
+  assert roofline.num_params(config) == sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def test_generate_cost_is_a_prefill_plus_the_decoding_forwards():
+  config = models.get_config('tiny')
+  a, b = flops_lib.coefficients(config)
+  head = 2 * config.hidden_size * config.vocab_size
+  p, g, batch = 32, 9, 4
+  flops_1, bytes_1 = roofline.generate_cost(config, batch, p, 1)
+  # The prefill: the body at every prompt position, the head at the last, causal attention.
+  assert flops_1 == batch * ((a - head) * p + head + b * p * (p + 1) // 2)
+  kv = roofline.kv_bytes_per_position(config)
+  assert bytes_1 == roofline.weight_bytes(config) + batch * p * kv
+  flops_g, bytes_g = roofline.generate_cost(config, batch, p, g)
+  assert flops_g - flops_1 == batch * flops_lib.decoding_flops(config, p, g)
+  # Each decoding forward reads the weights and the filled cache, and writes one position.
+  assert bytes_g - bytes_1 == sum(roofline.weight_bytes(config) + batch * (p + j) * kv
+                                  for j in range(1, g))
+  # An untied input embedding is only gathered from, never read whole.
+  assert roofline.weight_bytes(config) == 4 * (roofline.num_params(config)
+                                               - config.vocab_size * config.hidden_size)
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+  """A tiny random checkpoint in Hugging Face layout, its in-process logits and 3 prompts."""
+  root = tmp_path_factory.mktemp('bench_sampler')
+  config = models.get_config('tiny', num_layers=2)
+  params = models.init_params(config, jax.random.key(0))
+  models.save_hf_checkpoint(config, params, str(root / 'checkpoint'))
+  prompts_NxP = np.random.RandomState(0).randint(0, config.vocab_size, (3, 12))
+  np.save(root / 'prompts.npy', prompts_NxP)
+  expected_NxV = np.asarray(models.logits(config, params, prompts_NxP)[:, -1])
+  job = {'checkpoint': str(root / 'checkpoint'), 'prompts': str(root / 'prompts.npy'),
+         'new_tokens': 4}
+  return root, job, expected_NxV
+
+
+def test_our_worker_computes_the_logits_and_times_generate(exported):
+  root, job, expected_NxV = exported
+  spawn.run('ac2_jax.bench.sampler_jax', {**job, 'task': 'logits', 'out': str(root / 'ours.npy')})
+  np.testing.assert_allclose(np.load(root / 'ours.npy'), expected_NxV, atol=1e-5)
+  result = spawn.run('ac2_jax.bench.sampler_jax', {
+      **job, 'task': 'throughput', 'batches': [1, 3], 'temperature': 0.8, 'repeats': 2,
+      'chunk': 2})
+  for batch in ('1', '3'):
+    run = result['runs'][batch]
+    assert len(run['seconds']) == 2 and run['median'] > 0 and run['warmup'] > 0
+  assert 'chunk' in result['runs']['3'] and 'chunk' not in result['runs']['1']
+
+
+@pytest.mark.skipif(not HAVE_TRANSFORMERS, reason='needs torch and transformers')
+def test_transformers_worker_runs_the_same_model(exported):
+  root, job, expected_NxV = exported
+  env = {'OMP_WAIT_POLICY': 'PASSIVE'}
+  spawn.run('ac2_jax.bench.sampler_hf', {**job, 'task': 'logits', 'out': str(root / 'hf.npy')},
+            env=env)
+  np.testing.assert_allclose(np.load(root / 'hf.npy'), expected_NxV, atol=1e-4)
+  result = spawn.run('ac2_jax.bench.sampler_hf', {
+      **job, 'task': 'throughput', 'batches': [3], 'temperature': 0.8, 'repeats': 1,
+      'threads': [1, 2]}, env=env)
+  run = result['runs']['3']
+  assert run['threads'] in (1, 2) and set(run['warmups']) == {'1', '2'} and run['median'] > 0
+
+
+def test_a_failing_worker_reports_its_error():
+  with pytest.raises(spawn.WorkerFailed, match='unknown task'):
+    spawn.run('ac2_jax.bench.sampler_jax', {'task': 'nonsense'})

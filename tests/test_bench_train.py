@@ -1,0 +1,38 @@
+"""`bench.py train`: the batch shapes it measures, and its batches."""
+
+import numpy as np
+
+from ac2_jax import models
+from ac2_jax.bench import roofline
+from ac2_jax.bench import train as bench
+from ac2_jax.rl import flops as flops_lib
+from train_fixtures import load_config
+
+
+def test_default_shapes_are_a_default_runs_update_batches():
+  c = load_config('ac2')
+  shapes = bench.default_shapes(c)
+  ctl = c.controller
+  # Half of the 16 x 8 trained rows, each a 49-token prompt plus the 80-token budget (bucket 192).
+  assert shapes.prompt_tokens == 49
+  assert shapes.actor == (ctl.n_batch * ctl.group_size // c.actor.minibatches, 192)
+  rows, length = shapes.critic
+  assert rows == ctl.critic_pairs_per_update
+  # A critic context holds the prompt, the prefix, a reference and the value tokens.
+  assert shapes.prompt_tokens + int(ctl.max_cut_fraction * ctl.response_budget) < length
+  assert length <= c.critic.max_context + 64
+
+
+def test_batches_train_on_the_response_and_the_value_tokens():
+  actor = bench.actor_batch(4, 32, 10, vocab=50)
+  mask = np.asarray(actor.loss_mask_BxT)
+  assert mask[:, :10].sum() == 0 and mask[:, 10:].min() == 1
+  assert set(np.unique(np.asarray(actor.advantages_BxT)[:, 10:])) <= {-1.0, 1.0}
+  critic = bench.critic_batch(4, 32, vocab=50)
+  assert np.asarray(critic.target_mask_BxT).sum(axis=1).tolist() == [4] * 4
+
+
+def test_update_flops_is_three_forwards_of_every_position():
+  config = models.get_config('tiny')
+  a, b = flops_lib.coefficients(config)
+  assert roofline.update_flops(config, 2, 10) == 3 * 2 * (a * 10 + b * 55)
