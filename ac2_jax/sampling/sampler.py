@@ -114,8 +114,10 @@ def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_ne
     order = np.argsort([-len(c) for c in contexts], kind='stable')
     groups = [order[i:i + max_batch] for i in range(0, n, max_batch)]
 
-  if mesh is not None:
+  if mesh is not None and NamedSharding(mesh, P()).is_fully_addressable:
     # Explicitly on every device: the jitted decoder's inputs arrive placed, none moved implicitly.
+    # (A mesh over several processes cannot take a device_put of one process's key; there the key
+    # goes in as an argument of the jitted call, as the same value on every process.)
     key = jax.device_put(key, NamedSharding(mesh, P()))
   outputs = []
   for rows in groups:
