@@ -2,6 +2,7 @@
 
   python launch/bench.py sampler      # our sampler vs transformers.generate, each in its own
                                       # process, against the machine's measured peaks
+  python launch/bench.py decode_profile   # where one decode step's time goes, by group
   python launch/bench.py train        # actor and critic updates of tiny and small vs the matmul
                                       # peak, and what bounds them
   python launch/bench.py kernels      # Pallas attention vs XLA attention (needs a GPU)
@@ -18,6 +19,8 @@ def _run(name: str, argv: list[str]) -> None:
   # Explicit imports: each benchmark pulls in only what it measures.
   if name == 'sampler':
     from ac2_jax.bench import sampler as bench
+  elif name == 'decode_profile':
+    from ac2_jax.bench import decode_profile as bench
   elif name == 'train':
     from ac2_jax.bench import train as bench
   elif name == 'kernels':
@@ -31,8 +34,8 @@ def _run(name: str, argv: list[str]) -> None:
   elif name == 'critic_exact':
     from ac2_jax.bench import critic_exact as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, train, kernels, controller, '
-                     'judge, critic or critic_exact')
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, train, '
+                     'kernels, controller, judge, critic or critic_exact')
   bench.main(argv)
 
 

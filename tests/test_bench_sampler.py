@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ac2_jax import models
-from ac2_jax.bench import roofline, spawn
+from ac2_jax.bench import decode_profile, roofline, spawn
 from ac2_jax.rl import flops as flops_lib
 
 HAVE_TRANSFORMERS = all(importlib.util.find_spec(m) for m in ('torch', 'transformers'))
@@ -85,3 +85,18 @@ def test_transformers_worker_runs_the_same_model(exported):
 def test_a_failing_worker_reports_its_error():
   with pytest.raises(spawn.WorkerFailed, match='unknown task'):
     spawn.run('ac2_jax.bench.sampler_jax', {'task': 'nonsense'})
+
+
+def test_decode_profile_attributes_the_loop_to_model_and_sampling():
+  assert decode_profile.group_of('Decoder/layers_0/mlp/up_proj/dot_general') == 'matmuls'
+  assert decode_profile.group_of('Decoder/layers_1/self_attn/bkmd,bkds->bkms/dot_general') == (
+      'attention')
+  assert decode_profile.group_of('Decoder/layers_1/self_attn/vmap(vmap())/scatter') == (
+      'cache writes')
+  assert decode_profile.group_of('Decoder/layers_0/self_attn/q_norm/reduce_sum') == 'model, other'
+  assert decode_profile.group_of('vmap(jit(_gumbel))/jit(_uniform)/vmap()/while') == 'sampling'
+  config = models.get_config('tiny', num_layers=1)
+  result = decode_profile.profile(config, batch=2, prompt_len=8, new_tokens=5)
+  assert result['steps'] == 4 and result['prefill'] > 0
+  assert {'matmuls', 'attention', 'sampling'} <= set(result['loop'])
+  assert all(seconds > 0 for seconds in result['loop'].values())
