@@ -36,3 +36,15 @@ def test_update_flops_is_three_forwards_of_every_position():
   config = models.get_config('tiny')
   a, b = flops_lib.coefficients(config)
   assert roofline.update_flops(config, 2, 10) == 3 * 2 * (a * 10 + b * 55)
+
+
+def test_update_groups_name_the_part_of_the_step():
+  group = bench.update_group
+  assert group('jit(actor_update)/jvp(Decoder)/layers_0/mlp/up_proj/dot_general') == 'matmuls'
+  assert group('jit(actor_update)/transpose(jvp(Decoder))/layers_1/mlp/jit(silu)') == (
+      'MLP elementwise')
+  assert group('jit(actor_update)/jvp(Decoder)/layers_0/self_attn/btkgd,bskd->bkgts/'
+               'dot_general') == 'attention block'
+  assert group('jit(actor_update)/transpose(jvp(Decoder))/lm_head/dot_general') == 'matmuls'
+  assert group('jit(actor_update)/transpose(jvp())/pad') == 'loss'
+  assert group('jit(actor_update)/mul') == 'optimizer'

@@ -4,9 +4,9 @@ executed XLA operation attributed to the source operation it came from.
   python launch/bench.py decode_profile [--config mini] [--batch 64] [--new_tokens 128]
 
 The model and prompts are `bench.py sampler`'s (random weights, prompts of 32 ids, temperature
-0.8, no stop token). After a warm-up call, one call is traced; each traced XLA operation is
-matched by name to the compiled program's HLO, whose metadata names the JAX operation it came
-from, and its time is put in one of the groups below. Times inside the decode loop are divided by
+0.8, no stop token). After a warm-up call, one call is traced (`op_profile`: each executed XLA
+operation is traced back to the JAX operation it came from) and its time put in one of the
+groups below. Times inside the decode loop are divided by
 its number of steps; the prefill (outside the loop) is reported as a whole.
 
   matmuls        the projections, the MLP and the vocabulary head
@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
-import json
 import os
 import re
-import tempfile
 
 import jax
 import numpy as np
 
 from ac2_jax import models
+from ac2_jax.bench import op_profile
 from ac2_jax.bench import sampler as sampler_bench
 from ac2_jax.sampling import decode, requests, sampler
 from ac2_jax.sampling.settings import SamplingSettings
@@ -58,16 +55,8 @@ def group_of(op_name: str) -> str:
   return 'model, other'
 
 
-def _op_names(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> the op_name of its metadata."""
-  found = {}
-  for m in re.finditer(r'^\s*(?:ROOT )?%(\S+) = .*?metadata=\{op_name="([^"]*)"', hlo_text, re.M):
-    found[m.group(1)] = m.group(2)
-  return found
-
-
 def profile(config, batch: int, prompt_len: int, new_tokens: int) -> dict:
-  """{'loop': {group: seconds per step}, 'prefill': seconds, 'steps': n, 'seconds': wall}."""
+  """{'loop': {group: seconds per step}, 'prefill': seconds, 'steps': decode steps}."""
   params = models.init_params(config, jax.random.key(0))
   rng = np.random.RandomState(0)
   contexts = list(rng.randint(0, config.vocab_size, (batch, prompt_len)).astype(np.int32))
@@ -81,21 +70,10 @@ def profile(config, batch: int, prompt_len: int, new_tokens: int) -> dict:
       params, jax.random.key(1), packed.contexts_BxP, packed.context_lengths_B, packed.caps_B,
       packed.row_ids_B, config=config, settings=settings, stop_ids=(),
       max_new=packed.max_new).compile().as_text()
-  names = _op_names(hlo)
-  with tempfile.TemporaryDirectory() as tmp:
-    jax.profiler.start_trace(tmp)
-    out = call()
-    jax.profiler.stop_trace()
-    (trace,) = glob.glob(os.path.join(tmp, '**', '*.trace.json.gz'), recursive=True)
-    with gzip.open(trace) as f:
-      events = json.load(f)['traceEvents']
+  by_op, out = op_profile.traced_seconds(call, hlo)
   steps = int(out.num_new_N.max()) - 1  # the prefill draws the first token
   loop, prefill = collections.Counter(), 0.0
-  for e in events:
-    op = names.get(e.get('name')) if e.get('ph') == 'X' else None
-    if op is None:
-      continue
-    seconds = e['dur'] / 1e6
+  for op, seconds in by_op.items():
     if '/while/body/' in op:
       loop[group_of(op.split('/while/body/', 1)[1])] += seconds / steps
     elif '/while/' not in op:  # the loop's own condition is left out

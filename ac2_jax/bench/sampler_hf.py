@@ -7,8 +7,8 @@ The same tasks as `sampler_jax` (logits, throughput) on the same exported checkp
 machine shared with other jobs, torch's OpenMP threads wait for each other at every small matmul
 (measured on 2 busy cores: one thread decoded 1.8x faster than two, and two with the default
 OpenMP wait policy 10x slower still), so the driver runs this worker with OMP_WAIT_POLICY=PASSIVE
-and lets it choose the thread count by a warm-up call at each. torch and transformers are imported inside the tasks:
-ac2_jax itself never needs them, only this worker does.
+and lets it choose the thread count by a warm-up call at each. torch and transformers are
+imported inside the tasks: ac2_jax itself never needs them, only this worker does.
 """
 
 from __future__ import annotations

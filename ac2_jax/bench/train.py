@@ -24,7 +24,9 @@ actor, what bounds it:
   - a matmul of the MLP's shape ([rows x length, hidden] @ [hidden, intermediate]): the rate
     this model's widths can reach;
   - XLA's own count of each compiled step (`cost_analysis`: FLOPs including elementwise work,
-    bytes its operations read and write): the time it needs at least at each peak.
+    bytes its operations read and write): the time it needs at least at each peak;
+  - one actor step traced (`op_profile`), its time split by the part of the model or update each
+    operation came from, forward and backward.
 Run time: about 6 minutes on 2 CPU cores shared with other jobs (the small actor step takes
 about 40 s there).
 """
@@ -32,9 +34,11 @@ about 40 s there).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import os
+import re
 import tempfile
 import time
 
@@ -44,7 +48,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from ac2_jax import critic, models, sampling
-from ac2_jax.bench import roofline, stopwatch
+from ac2_jax.bench import op_profile, roofline, stopwatch
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
@@ -119,8 +123,41 @@ def time_update(fn, state, batch, scalar, repeats: int) -> dict:
 
   median, seconds = stopwatch.median_seconds(step, repeats)
   return {'compile': compile_s, 'median': median, 'seconds': seconds, 'state': box[0],
-          'xla_flops': float(cost.get('flops', 0.0)),
+          'compiled': compiled, 'xla_flops': float(cost.get('flops', 0.0)),
           'xla_bytes': float(cost.get('bytes accessed', 0.0))}
+
+
+UPDATE_GROUPS = ('matmuls', 'attention block', 'MLP elementwise', 'norms, residuals, embedding',
+                 'loss', 'optimizer')
+
+
+def update_group(op_name: str) -> str:
+  """The part of an update a JAX operation belongs to (`op_profile` names)."""
+  if 'Decoder' in op_name:
+    if 'dot_general' in op_name and re.search(r'_proj/|lm_head/|embed_tokens/', op_name):
+      return 'matmuls'
+    if '/mlp/' in op_name:
+      return 'MLP elementwise'
+    if '/self_attn/' in op_name:
+      return 'attention block'
+    return 'norms, residuals, embedding'
+  # The loss (log-softmax over the vocabulary, the PPO terms) is differentiated, the optimiser not.
+  return 'loss' if 'jvp(' in op_name else 'optimizer'
+
+
+def profile_update(compiled, state, batch, scalar):
+  """(state, {(group, 'forward' | 'backward'): seconds}) of one traced step."""
+  box = [state]
+
+  def step():
+    box[0], metrics = compiled(box[0], batch, scalar)
+    return metrics
+
+  seconds, _ = op_profile.traced_seconds(step, compiled.as_text())
+  table = collections.Counter()
+  for op, s in seconds.items():
+    table[(update_group(op), 'backward' if 'transpose(' in op else 'forward')] += s
+  return box[0], table
 
 
 def time_forward(settings: updates.UpdateSettings, params, tokens_BxT, repeats: int) -> float:
@@ -164,6 +201,8 @@ def bench_preset(preset: str, c, shapes: Shapes, peaks: roofline.Peaks, repeats:
     rows, length = getattr(shapes, name)
     run = time_update(fns[name], state, batches[name], jnp.float32(0.28), repeats)
     state = run.pop('state')
+    if name == 'actor':
+      state, profile = profile_update(run['compiled'], state, batches[name], jnp.float32(0.28))
     steps[name] = run
     flops = roofline.update_flops(config, rows, length)
     print(f'  {name:7s} {f"{rows} x {length}":>10s} {run["compile"]:7.1f}s '
@@ -178,6 +217,12 @@ def bench_preset(preset: str, c, shapes: Shapes, peaks: roofline.Peaks, repeats:
           f'accessed (>= {run["xla_bytes"] / peaks.copy_bytes_per_s:.2f} s at the copy peak); '
           f'measured {run["median"]:.2f} s')
 
+  total = sum(profile.values())
+  print(f'  actor step by source (one traced step: {total:.2f} s of XLA operations, op_profile):')
+  print(f'    {"":28s} {"forward s":>9s} {"backward s":>10s} {"share":>6s}')
+  for group in UPDATE_GROUPS:
+    fwd, bwd = profile[(group, 'forward')], profile[(group, 'backward')]
+    print(f'    {group:28s} {fwd:9.2f} {bwd:10.2f} {roofline.fraction(fwd + bwd, total)}')
   rows, length = shapes.actor
   small = time_update(fns['actor'], state, actor_batch(1, 16, 8, config.vocab_size),
                       jnp.float32(0.28), max(repeats, 5))
