@@ -35,5 +35,8 @@ setup(
         'test': ['pytest>=8', 'pytest-xdist==3.8.0', 'nbclient>=0.10', 'nbformat>=5.10',
                  'ipykernel>=6'],
         'notebooks': ['nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6'],
+        # The sampler benchmark's reference engine (bench/sampler_hf.py) and its test; torch 2.13.0
+        # is the CPU build on these machines. The package itself never imports torch.
+        'bench': ['torch==2.13.0', 'transformers==5.24.0'],
     },
 )

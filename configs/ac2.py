@@ -81,6 +81,9 @@ def get_config(arg: str = ''):
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
     parts.remove('bench')
+  if 'walk' in parts:
+    c = defaults.walk_task(c)
+    parts.remove('walk')
   # chunk_small scales from the chosen size, so it applies after qwen3_4b.
   for part in parts:
     if part not in ('', 'tiny', 'cpu'):

@@ -22,9 +22,11 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
     c = bench_setting.apply_bench(c)
+  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
+    c = defaults.walk_task(c)
   if 'std' in parts:
     c.grpo.normalize_std = True
-  unknown = set(parts) - {'qwen3_4b', 'bench', 'std', 'tiny', 'cpu'}
+  unknown = set(parts) - {'qwen3_4b', 'bench', 'walk', 'std', 'tiny', 'cpu'}
   if unknown:
     raise ValueError(f'unknown GRPO config arguments {sorted(unknown)}')
   return c

@@ -29,7 +29,7 @@ cores).
 
 from ac2_jax.train import bench_setting, defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'async', 'tiny', 'cpu')
+ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'async', 'tiny', 'cpu')
 
 
 def get_config(arg: str = ''):
@@ -43,6 +43,8 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
+  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
+    c = defaults.walk_task(c)
   if 'async' in parts:
     c.rollout.mode = 'async'
   c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)

@@ -18,7 +18,7 @@ critic's attention frozen).
 
 from ac2_jax.train import bench_setting, defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'frozen', 'tiny', 'cpu')
+ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'frozen', 'tiny', 'cpu')
 
 
 def get_config(arg: str = ''):
@@ -33,6 +33,8 @@ def get_config(arg: str = ''):
     c.actor.learning_rate = 1e-6
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
+  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
+    c = defaults.walk_task(c)
   if 'frozen' in parts:
     c.value_critic.freeze_attention = True
   return c

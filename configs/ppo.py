@@ -20,7 +20,7 @@ Arguments (combinable with commas):
 
 from ac2_jax.train import bench_setting, defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'lambda1', 'frozen', 'tiny', 'cpu')
+ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'lambda1', 'frozen', 'tiny', 'cpu')
 
 
 def get_config(arg: str = ''):
@@ -34,6 +34,8 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:
     c = bench_setting.apply_bench(c)
+  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
+    c = defaults.walk_task(c)
   if 'lambda1' in parts:
     c.ppo.lam = 1.0
   if 'frozen' in parts:

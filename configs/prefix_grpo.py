@@ -19,7 +19,9 @@ def get_config(arg: str = ''):
     c = defaults.paper_scale(c)
   if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
     c = bench_setting.apply_bench(c)
-  unknown = set(parts) - {'qwen3_4b', 'bench', 'tiny', 'cpu'}
+  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
+    c = defaults.walk_task(c)
+  unknown = set(parts) - {'qwen3_4b', 'bench', 'walk', 'tiny', 'cpu'}
   if unknown:
     raise ValueError(f'unknown Prefix GRPO config arguments {sorted(unknown)}')
   return c

@@ -68,8 +68,9 @@ def test_our_worker_computes_the_logits_and_times_generate(exported):
   assert 'chunk' in result['runs']['3'] and 'chunk' not in result['runs']['1']
 
 
-@pytest.mark.skipif(not HAVE_TRANSFORMERS, reason='needs torch and transformers')
 def test_transformers_worker_runs_the_same_model(exported):
+  assert HAVE_TRANSFORMERS, ('the reference engine needs torch and transformers: '
+                             'pip install -e ".[bench]"')
   root, job, expected_NxV = exported
   env = {'OMP_WAIT_POLICY': 'PASSIVE'}
   spawn.run('ac2_jax.bench.sampler_hf', {**job, 'task': 'logits', 'out': str(root / 'hf.npy')},

@@ -57,11 +57,11 @@ def test_lookup_and_line_counts():
   task = builtin.BuiltinTask.generate(builtin.ChainSettings(num_train=50, num_validation=8))
   record = builtin.to_record(PROBLEM, 'train')
   # Two complete lines (the second wrong), a third without its line break yet.
-  assert probe.line_counts(task, record, '11-5=6\n6+3=8\n8+2=1') == (2, 1)
+  assert probe.lookup_key(task, record, '11-5=6\n6+3=8\n8+2=1') == (2, 1)
   leading = builtin.BuiltinTask.generate(builtin.ChainSettings(num_train=50, num_validation=8,
                                                                scoring='leading'))
-  assert probe.line_counts(leading, record, '11-5=7\n7+3=10\n') == (2, 0)
-  assert probe.line_counts(task, record, '11-5=7\n7+3=10\n') == (2, 1)
+  assert probe.lookup_key(leading, record, '11-5=7\n7+3=10\n') == (2, 0)
+  assert probe.lookup_key(task, record, '11-5=7\n7+3=10\n') == (2, 1)
 
 
 @pytest.mark.parametrize('readout', ['greedy', 'expectation'])

@@ -78,7 +78,7 @@ def test_validate_names_the_key(name, extra, message):
 def test_validate_accepts_every_config_file():
   for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact'):
     s = experiment.validate(_config(name), num_devices=1)
-    assert s.sft is not None and s.chain is not None and s.mesh_shape == (1, 1, 1)
+    assert s.sft is not None and s.builtin is not None and s.mesh_shape == (1, 1, 1)
     assert (s.grpo is not None) == (name == 'grpo')
     assert (s.ppo is not None, s.pact is not None) == (name == 'ppo', name == 'pact')
     assert (s.value is not None) == (name in ('ppo', 'pact'))

@@ -12,8 +12,9 @@ prompt, loss and update. Every `eval_every` pairs it prints, on the held-out pre
   continuation, routed as AC2 routes it) with the continuations' Monte Carlo advantages
   (R_i - mean_j R_j), the figure the AC2 paper reports as 0.388 for its audited groups;
 - the same for a reference lookup: the prefix's lines compared with the true solution (how many
-  are written, how many earn credit), valued by the mean label of the training prefixes with the
-  same counts. That is the ceiling a critic that reads the lines should approach.
+  are written, how many earn credit; in the walk, the number reached and the moves left), valued
+  by the mean label of the training prefixes with the same key. That is the ceiling a critic that
+  reads the lines should approach.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from ac2_jax import critic as critic_lib
 from ac2_jax.controller import sampling as ctl_sampling
-from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin, walk
 
 POSITIONS = ('early', 'middle', 'late')
 
@@ -68,8 +69,8 @@ class ProbePrefix:
   rewards_G: np.ndarray           # each continuation's reward
   chunk_ends: list                # per continuation: response tokens at the chunk's end
   chunk_scored: np.ndarray        # bool [G]: the chunk would go to the critic (else its reward)
-  lines: tuple[int, int]          # (lines written, lines credited) in the prefix
-  chunk_lines: list               # per continuation, the same counts at the chunk's end
+  lines: tuple[int, int]          # the prefix's `lookup_key`
+  chunk_lines: list               # per continuation, the same key at the chunk's end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +84,12 @@ class _Record:
   weight: float
 
 
-def line_counts(task, record, response_text: str) -> tuple[int, int]:
-  """(lines written, lines credited) of a partial built-in response, under the task's scoring."""
+def lookup_key(task, record, response_text: str) -> tuple[int, int]:
+  """What the reference lookup values a partial built-in response by: in the chain (lines
+  written, lines credited) under the task's scoring, in the walk (moves left, number reached)."""
+  if isinstance(task, walk.WalkTask):
+    x, left = walk.state_of(walk.parse_problem(record.prompt), response_text)
+    return left, x
   problem = builtin.parse_problem(record.prompt)
   thinking = response_text.partition('</think>')[0]
   written = min(thinking.count('\n'), problem.steps)  # a line counts once its break is written
@@ -144,12 +149,12 @@ def build_prefixes(rt, params, controller_settings, settings: ProbeSettings, key
       capped = len(conts[i].new_N) > s.chunk_size
       scored.append(capped and not rt.task.has_complete_answer(text))
       ends.append(end)
-      chunk_lines.append(line_counts(rt.task, record, text))
+      chunk_lines.append(lookup_key(rt.task, record, text))
     out.append(ProbePrefix(
         problem_index=p, prefix_P=np.asarray(prefix, np.int32), position=position,
         label=critic_lib.round_to_grid(float(rewards.mean())), rewards_G=rewards,
         chunk_ends=ends, chunk_scored=np.array(scored),
-        lines=line_counts(rt.task, record, tok.decode(prefix.tolist())), chunk_lines=chunk_lines))
+        lines=lookup_key(rt.task, record, tok.decode(prefix.tolist())), chunk_lines=chunk_lines))
   return out
 
 

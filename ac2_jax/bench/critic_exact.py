@@ -15,7 +15,9 @@ prefixes of held-out (validation) problems. It prints, every `eval_every` pairs:
   start already represents the value where the critic must read it;
 - two baselines on the same held-out prefixes: `lookup`, the mean training value of prefixes with
   the same (lines written, lines credited), which needs the lines checked; and `position`, the same
-  by lines written alone, which a reader that only counts lines could reach.
+  by lines written alone, which a reader that only counts lines could reach. On the walk task
+  (task.name=walk) `lookup` keys on the state itself (moves left, number reached: exact) and
+  `position` on the moves left alone; `mistake_rate` is the corpus's share of off-plan moves.
 
 Two controls swap the values for labels that need no checking of the lines: `--labels=start`, the
 start value / 10 (a token of the prompt: shows the update itself can move the critic's reads), and
@@ -37,7 +39,7 @@ from ac2_jax import critic as critic_lib
 from ac2_jax import models
 from ac2_jax import sampling
 from ac2_jax.bench import critic as probe
-from ac2_jax.tasks import builtin, builtin_sft
+from ac2_jax.tasks import builtin_sft, walk
 
 LABELS = ('value', 'start', 'state', 'state_lines')
 
@@ -73,21 +75,27 @@ class ExactSettings:
 class ExactPrefix:
   context: np.ndarray           # the critic prompt's token ids
   value: float                  # exact expected points / 7 (or the control's label)
-  lines: tuple[int, int]        # (lines written, lines credited)
+  lines: tuple[int, int]        # `critic.lookup_key`: chain (lines written, lines credited),
+                                # walk (moves left, number reached)
 
 
 def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[ExactPrefix]:
   """Corpus prefixes of `split`'s problems, cut at a uniform token of the reasoning, forever."""
   tok, task = rt.tokenizer, rt.task
+  is_walk = isinstance(task, walk.WalkTask)
+  if is_walk and settings.labels != 'value':
+    raise ValueError(f'labels={settings.labels!r} is a control of the chain task; the walk '
+                     f'measures its values (labels=value)')
+  corpus = builtin_sft.corpus_of(task, step_mistake_rate=settings.mistake_rate)
   records = task.records(split)
   rng = np.random.default_rng(seed)
   think_close = tok.token_id('</think>')
   line_break = tok.encode('\n')[-1]
   while True:
     record = records[int(rng.integers(len(records)))]
-    problem = builtin.parse_problem(record.prompt)
-    values = builtin_sft.sample_values(problem, rng, 0.0, settings.mistake_rate)
-    response = builtin_sft.response_ids(tok, problem, values)
+    problem = corpus.parse(record.prompt)
+    solution = corpus.sample(problem, rng)
+    response = builtin_sft.reply_ids(tok, *corpus.texts(problem, solution))
     reasoning = response[:response.index(think_close)]
     if settings.cut_lines:
       breaks = [i for i, t in enumerate(reasoning) if t == line_break]
@@ -100,15 +108,14 @@ def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[Exa
     if context is None:
       raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
     text = tok.decode(prefix)
-    lines = probe.line_counts(task, record, text)
+    lines = probe.lookup_key(task, record, text)
     if settings.labels == 'start':
       value = problem.start / 10
     elif settings.labels in ('state', 'state_lines'):
-      state = values[lines[0] - 1] if lines[0] else problem.start
+      state = solution[lines[0] - 1] if lines[0] else problem.start
       value = state / 10 if settings.labels == 'state' else state_lines_value(state, lines[0])
     else:
-      value = builtin_sft.prefix_value(problem, values, text, 1.0 - settings.mistake_rate,
-                                       task.settings.scoring)
+      value = corpus.value(problem, solution, text)
     yield ExactPrefix(context, float(value), lines)
 
 

@@ -235,7 +235,7 @@ def reference_text(problem: ChainProblem) -> str:
   return f'{steps_text(problem, values)}\n{answer_text(values[-1])}'
 
 
-def _thinking_lines(response: str) -> list[str]:
+def thinking_lines(response: str) -> list[str]:
   thinking = response.partition(tokenization.THINK_CLOSE)[0]
   thinking = thinking.rpartition(tokenization.THINK_OPEN)[2]
   return [line.strip() for line in thinking.split('\n') if line.strip()]
@@ -248,7 +248,7 @@ def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -
   """
   if scoring not in SCORINGS:
     raise ValueError(f'scoring must be one of {SCORINGS}, got {scoring!r}')
-  lines = _thinking_lines(response)
+  lines = thinking_lines(response)
   truth = problem.values()
   credits = []
   written = problem.start  # the value the solver wrote last
@@ -378,7 +378,7 @@ class BuiltinTask:
     block = base.answer_block(response_text, ANSWER_OPEN, ANSWER_CLOSE)
     if block is None:
       return None
-    return '\n'.join(_thinking_lines(response_text) + [answer_text(block.strip())])
+    return '\n'.join(thinking_lines(response_text) + [answer_text(block.strip())])
 
   def critic_instruction(self, reference: str | None) -> str:
     return critic_instruction(reference, self.settings.critic_prompt)

@@ -1,22 +1,28 @@
-"""The built-in task's text corpora: worked solutions for the supervised warm start, with injected
+"""The built-in tasks' text corpora: worked solutions for the supervised warm start, with injected
 mistakes, and the text the built-in SentencePiece tokenizer is trained on.
 
-The warm start's starting accuracy is set by the mistakes in its corpus: `step_mistake_rate` (each
-worked step independently wrong, the solver carrying on from what it wrote) or `mistake_rate` (the
-share of solutions with exactly one wrong value). A `tiny` model learns the arithmetic in a sudden
-transition (a few hundred steps in), and it gets there sooner on correct solutions, so the stream
-can begin with `clean_first` correct ones and bring the mistakes in afterwards: the model then
-learns the arithmetic first and the mistake rate second.
+The warm start's starting accuracy is set by the mistakes in its corpus. In the chain
+(tasks/builtin.py): `step_mistake_rate` (each worked step independently wrong, the solver carrying
+on from what it wrote) or `mistake_rate` (the share of solutions with exactly one wrong value). A
+`tiny` model learns the arithmetic in a sudden transition (a few hundred steps in), and it gets
+there sooner on correct solutions, so the stream can begin with `clean_first` correct ones and
+bring the mistakes in afterwards: the model then learns the arithmetic first and the mistake rate
+second. In the walk (tasks/walk.py) `step_mistake_rate` is the share of moves drawn from the whole
+menu instead of the best ones (`walk.sample_walk`); its arithmetic is never wrong.
+
+Each task's side is a small corpus object (`ChainCorpus`, `WalkCorpus`: parse a prompt, sample a
+worked solution, its text, the exact value of a prefix); the streams below are shared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import numpy as np
 
 from ac2_jax import critic, tokenization
-from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin, walk
 
 
 def sample_values(problem: builtin.ChainProblem, rng: np.random.Generator,
@@ -51,47 +57,19 @@ def sample_values(problem: builtin.ChainProblem, rng: np.random.Generator,
 
 def response_ids(tok: tokenization.Tokenizer, problem: builtin.ChainProblem,
                  values: list[int]) -> list[int]:
+  """The assistant's reply to a chain problem after the prompt's `<think>\\n`, ending in
+  `<|im_end|>` (see `reply_ids`)."""
+  return reply_ids(tok, *builtin.thinking_and_answer(problem, values))
+
+
+def reply_ids(tok: tokenization.Tokenizer, thinking: str, content: str) -> list[int]:
   """The assistant's reply after the prompt's `<think>\\n`, ending in `<|im_end|>`.
 
   The ids equal the tail of `render_chat` for the whole conversation, so that the warm start
   trains on exactly what sampling will produce.
   """
-  thinking, content = builtin.thinking_and_answer(problem, values)
   return (tok.encode(thinking + '\n') + [tok.token_id(tokenization.THINK_CLOSE)]
           + tok.encode('\n\n') + tok.encode(content) + [tok.eos_id])
-
-
-def sft_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
-                 mistake_rate: float, step_mistake_rate: float = 0.0, seed: int = 0,
-                 split: str = 'train', epochs: int | None = 1, clean_first: int = 0
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(prompt_ids, response_ids) int32 arrays of worked solutions, in a seeded order.
-
-  Each epoch visits every problem of `split` once in a fresh permutation, drawing fresh mistakes.
-  The first `clean_first` solutions of the stream carry no mistakes. `epochs=None` repeats
-  forever. The same arguments give the same stream.
-  """
-  records = task.records(split)
-  if not records:
-    raise ValueError(f'the built-in task has no {split!r} problems')
-  if not 0.0 <= mistake_rate <= 1.0:
-    raise ValueError(f'mistake_rate must lie in [0, 1], got {mistake_rate}')
-  if epochs is not None and epochs < 1:
-    raise ValueError(f'epochs must be >= 1 or None, got {epochs}')
-  if clean_first < 0:
-    raise ValueError(f'clean_first must be >= 0, got {clean_first}')
-  rng = np.random.default_rng(seed)
-  problems = [builtin.parse_problem(r.prompt) for r in records]
-  prompts = [np.asarray(task.prompt_ids(tok, r), np.int32) for r in records]
-  epoch, n = 0, 0
-  while epochs is None or epoch < epochs:
-    for i in rng.permutation(len(records)):
-      clean = n < clean_first
-      values = sample_values(problems[i], rng, 0.0 if clean else mistake_rate,
-                             0.0 if clean else step_mistake_rate)
-      yield prompts[i], np.asarray(response_ids(tok, problems[i], values), np.int32)
-      n += 1
-    epoch += 1
 
 
 def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: str,
@@ -126,45 +104,138 @@ def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: 
   return (expected + step_correct ** left * points(k)) / 7
 
 
-def critic_examples(task: builtin.BuiltinTask, tok: tokenization.Tokenizer, *,
+@dataclasses.dataclass(frozen=True)
+class ChainCorpus:
+  """Worked chain solutions with mistakes (`sample_values`), valued by `prefix_value`."""
+
+  scoring: str = 'local'
+  mistake_rate: float = 0.0
+  step_mistake_rate: float = 0.0
+
+  def parse(self, prompt: str) -> builtin.ChainProblem:
+    return builtin.parse_problem(prompt)
+
+  def sample(self, problem, rng: np.random.Generator, clean: bool = False):
+    return sample_values(problem, rng, 0.0 if clean else self.mistake_rate,
+                         0.0 if clean else self.step_mistake_rate)
+
+  def tokenizer_sample(self, problem, rng: np.random.Generator):
+    return sample_values(problem, rng, 0.5)
+
+  def texts(self, problem, solution) -> tuple[str, str]:
+    return builtin.thinking_and_answer(problem, solution)
+
+  def value(self, problem, solution, prefix_text: str) -> float:
+    return prefix_value(problem, solution, prefix_text, 1.0 - self.step_mistake_rate,
+                        self.scoring)
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkCorpus:
+  """Walks of a solver that takes a uniform menu move with probability `noise` (else a best
+  one), valued exactly by `walk.prefix_value`."""
+
+  noise: float = 0.0
+
+  def parse(self, prompt: str) -> walk.WalkProblem:
+    return walk.parse_problem(prompt)
+
+  def sample(self, problem, rng: np.random.Generator, clean: bool = False):
+    return walk.sample_walk(problem, rng, 0.0 if clean else self.noise)
+
+  def tokenizer_sample(self, problem, rng: np.random.Generator):
+    return walk.sample_walk(problem, rng, 0.5)
+
+  def texts(self, problem, solution) -> tuple[str, str]:
+    return walk.thinking_and_answer(problem, *solution)
+
+  def value(self, problem, solution, prefix_text: str) -> float:
+    del solution  # the state is in the text
+    return walk.prefix_value(problem, prefix_text, self.noise)
+
+
+def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0):
+  """The corpus of a built-in task (chain or walk) at the given mistake rates."""
+  if isinstance(task, walk.WalkTask):
+    if mistake_rate:
+      raise ValueError('the walk task has no whole-solution mistakes: set mistake_rate=0 and '
+                       'step_mistake_rate (the share of off-plan moves)')
+    return WalkCorpus(step_mistake_rate)
+  return ChainCorpus(task.settings.scoring, mistake_rate, step_mistake_rate)
+
+
+def sft_examples(task, tok: tokenization.Tokenizer, *,
+                 mistake_rate: float, step_mistake_rate: float = 0.0, seed: int = 0,
+                 split: str = 'train', epochs: int | None = 1, clean_first: int = 0
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """(prompt_ids, response_ids) int32 arrays of worked solutions, in a seeded order.
+
+  Each epoch visits every problem of `split` once in a fresh permutation, drawing fresh mistakes.
+  The first `clean_first` solutions of the stream carry no mistakes. `epochs=None` repeats
+  forever. The same arguments give the same stream.
+  """
+  records = task.records(split)
+  if not records:
+    raise ValueError(f'the built-in task has no {split!r} problems')
+  if not 0.0 <= mistake_rate <= 1.0:
+    raise ValueError(f'mistake_rate must lie in [0, 1], got {mistake_rate}')
+  if epochs is not None and epochs < 1:
+    raise ValueError(f'epochs must be >= 1 or None, got {epochs}')
+  if clean_first < 0:
+    raise ValueError(f'clean_first must be >= 0, got {clean_first}')
+  corpus = corpus_of(task, mistake_rate=mistake_rate, step_mistake_rate=step_mistake_rate)
+  rng = np.random.default_rng(seed)
+  problems = [corpus.parse(r.prompt) for r in records]
+  prompts = [np.asarray(task.prompt_ids(tok, r), np.int32) for r in records]
+  epoch, n = 0, 0
+  while epochs is None or epoch < epochs:
+    for i in rng.permutation(len(records)):
+      solution = corpus.sample(problems[i], rng, clean=n < clean_first)
+      yield prompts[i], np.asarray(reply_ids(tok, *corpus.texts(problems[i], solution)),
+                                   np.int32)
+      n += 1
+    epoch += 1
+
+
+def critic_examples(task, tok: tokenization.Tokenizer, *,
                     step_mistake_rate: float, seed: int = 0
                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(critic context ids, value target ids) pairs that teach the critic's answer format, forever.
 
   A worked solution of the warm-start corpus is cut at a random token, framed as the critic reads
-  it (half of the time with the reference solution), and labelled with `prefix_value` rounded to
-  the grid: the value of the state under the corpus's own mistake rate.
+  it (half of the time with the reference solution), and labelled with its exact value under the
+  corpus's own mistake rate, rounded to the grid.
   """
+  corpus = corpus_of(task, step_mistake_rate=step_mistake_rate)
   records = task.records('train')
   rng = np.random.default_rng(seed)
   while True:
     record = records[int(rng.integers(len(records)))]
-    problem = builtin.parse_problem(record.prompt)
-    values = sample_values(problem, rng, 0.0, step_mistake_rate)
-    response = response_ids(tok, problem, values)
+    problem = corpus.parse(record.prompt)
+    solution = corpus.sample(problem, rng)
+    response = reply_ids(tok, *corpus.texts(problem, solution))
     prefix = response[:int(rng.integers(len(response)))]
     reference = record.reference_solution if rng.random() < 0.5 else None
     context = critic.critic_context_ids(tok, task.prompt_ids(tok, record), prefix,
                                         instruction_text=task.critic_instruction(reference))
-    value = prefix_value(problem, values, tok.decode(prefix), 1.0 - step_mistake_rate,
-                         task.settings.scoring)
+    value = corpus.value(problem, solution, tok.decode(prefix))
     yield (np.asarray(context, np.int32),
            np.asarray(critic.value_target_ids(tok, critic.round_to_grid(value)), np.int32))
 
 
-def tokenizer_corpus(task: builtin.BuiltinTask, *, max_problems: int = 4000, seed: int = 0
-                     ) -> Iterator[str]:
+def tokenizer_corpus(task, *, max_problems: int = 4000, seed: int = 0) -> Iterator[str]:
   """Texts to train the built-in tokenizer on: prompts, worked solutions (some with mistakes),
   critic instructions with and without a reference, critic answers, and the chat role names."""
+  corpus = corpus_of(task)
   rng = np.random.default_rng(seed)
   yield 'system\nuser\nassistant\n'
   for record in task.records('train')[:max_problems]:
-    problem = builtin.parse_problem(record.prompt)
+    problem = corpus.parse(record.prompt)
     yield record.prompt
-    yield builtin.response_text(problem, sample_values(problem, rng, 0.5))
+    thinking, content = corpus.texts(problem, corpus.tokenizer_sample(problem, rng))
+    yield f'{thinking}\n{tokenization.THINK_CLOSE}\n\n{content}'
   reference = task.records('train')[0].reference_solution
   yield task.critic_instruction(None)
   yield task.critic_instruction(reference)
   for value in builtin.VALUE_GRID:
     yield f'{builtin.CRITIC_STEM} {value}'
-

@@ -1,7 +1,7 @@
-"""The built-in task as a tensorflow-datasets data set (array_record files, no TensorFlow), and
-`build_builtin`, which builds (or reuses) the data set and its SentencePiece tokenizer.
+"""The built-in tasks as tensorflow-datasets data sets (array_record files, no TensorFlow), and
+`build_builtin`, which builds (or reuses) a data set and its SentencePiece tokenizer.
 
-Layout under `data_dir`:
+Layout under `data_dir` (the walk's the same under `builtin_walk`):
   builtin_chain/<config>/1.0.0/...          the tfds data set, one config per `ChainSettings`
   builtin_chain_tokenizer/<config>_v<N>.model  the tokenizer trained on its corpus
 """
@@ -18,6 +18,7 @@ from ac2_jax import tokenization
 from ac2_jax.tasks import base
 from ac2_jax.tasks import builtin
 from ac2_jax.tasks import builtin_sft
+from ac2_jax.tasks import walk
 
 _FILE_FORMAT = 'array_record'
 
@@ -81,7 +82,58 @@ def _text(value) -> str:
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
-def load_records(builder: BuiltinChain, split: str) -> list[base.ProblemRecord]:
+@dataclasses.dataclass
+class WalkConfig(tfds.core.BuilderConfig):
+  """A tfds builder config carrying `WalkSettings` (the name encodes every field)."""
+
+  settings: walk.WalkSettings = walk.WalkSettings()
+
+
+def walk_config_for(settings: walk.WalkSettings) -> WalkConfig:
+  s = settings
+  moves = ''.join({'+': 'a', '*': 'm'}[op] + str(a) for op, a in s.menu)
+  name = (f'g{s.goal}_{moves}_t{s.trap_digit if s.trap_digit >= 0 else "n"}_d{s.min_distance}'
+          f'-{s.max_distance}_x{s.slack}_e{s.validation_every}')
+  return WalkConfig(name=name, settings=settings, description=f'walks to {s.goal}')
+
+
+class BuiltinWalk(tfds.core.GeneratorBasedBuilder):
+  """Walk problems (ac2_jax/tasks/walk.py): every (start, budget) pair of the settings."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'First version.'}
+  BUILDER_CONFIGS = [walk_config_for(walk.WalkSettings())]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='Walks to a goal number with a menu of moves and dead ends.',
+        features=tfds.features.FeaturesDict({
+            'index': np.int64,  # generation order within the split
+            'id': tfds.features.Text(),
+            'prompt': tfds.features.Text(),
+            'reference_solution': tfds.features.Text(),
+            'answer': np.int64,
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # everything is generated
+    problems = walk.generate(self.builder_config.settings)
+    return {split: self._generate_examples(problems[split]) for split in base.SPLITS}
+
+  def _generate_examples(self, problems):
+    for index, problem in enumerate(problems):
+      yield problem.problem_id(), {
+          'index': index,
+          'id': problem.problem_id(),
+          'prompt': problem.prompt(),
+          'reference_solution': walk.reference_text(problem),
+          'answer': problem.goal,
+      }
+
+
+def load_records(builder: tfds.core.GeneratorBasedBuilder, split: str) -> list[base.ProblemRecord]:
   """The records of a prepared split, in generation order."""
   source = builder.as_data_source(split=base.check_split(split))
   rows = source.__getitems__(list(range(len(source))))
@@ -90,22 +142,27 @@ def load_records(builder: BuiltinChain, split: str) -> list[base.ProblemRecord]:
                              reference_solution=_text(r['reference_solution'])) for r in rows]
 
 
-def build_builtin(data_dir: str, settings: builtin.ChainSettings = builtin.ChainSettings(), *,
-                  vocab_size: int = 512
+def build_builtin(data_dir: str,
+                  settings: builtin.ChainSettings | walk.WalkSettings = builtin.ChainSettings(),
+                  *, vocab_size: int = 512
                   ) -> tuple[builtin.BuiltinTask, tokenization.SentencePieceTokenizer]:
   """Builds (or reuses) the data set and its tokenizer in `data_dir`; returns (task, tokenizer).
 
-  The tokenizer has at most `vocab_size` pieces (a small corpus gives fewer); digits, the answer
-  tags, `Q value:` and the value grid '0', '0.1', ..., '1' are single tokens.
+  `settings` picks the task: `ChainSettings` the chain, `WalkSettings` the walk. The tokenizer has
+  at most `vocab_size` pieces (a small corpus gives fewer); digits, the answer tags, `Q value:`
+  and the value grid '0', '0.1', ..., '1' are single tokens.
   """
-  config = config_for(settings)
+  is_walk = isinstance(settings, walk.WalkSettings)
+  builder_class, config, task_class = ((BuiltinWalk, walk_config_for(settings), walk.WalkTask)
+                                       if is_walk else
+                                       (BuiltinChain, config_for(settings), builtin.BuiltinTask))
   # tfds accepts a registered config only by name, and any other config as an instance.
-  registered = config.name in BuiltinChain.builder_configs
-  builder = BuiltinChain(data_dir=data_dir, config=config.name if registered else config,
-                         file_format=_FILE_FORMAT)
+  registered = config.name in builder_class.builder_configs
+  builder = builder_class(data_dir=data_dir, config=config.name if registered else config,
+                          file_format=_FILE_FORMAT)
   builder.download_and_prepare(file_format=_FILE_FORMAT)
-  task = builtin.BuiltinTask(settings, {s: load_records(builder, s) for s in base.SPLITS})
-  prefix = os.path.join(data_dir, 'builtin_chain_tokenizer', f'{config.name}_v{vocab_size}')
+  task = task_class(settings, {s: load_records(builder, s) for s in base.SPLITS})
+  prefix = os.path.join(data_dir, f'{builder.name}_tokenizer', f'{config.name}_v{vocab_size}')
   if os.path.isfile(prefix + '.model'):
     tok = tokenization.SentencePieceTokenizer.load(prefix + '.model')
   else:

@@ -39,7 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.tensor = 1
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = 'builtin'          # 'builtin' | 'proofs'
+  c.task.name = 'builtin'          # 'builtin' (the chain) | 'walk' | 'proofs'
   c.task.data_dir = ''             # '' = WORKDIR/data
   c.task.builtin_steps = 8         # K: operations per chain (difficulty)
   c.task.builtin_modulus = 7       # prime modulus (difficulty)
@@ -58,6 +58,16 @@ def base_config() -> ml_collections.ConfigDict:
   # short one 7, so the critic's context holds the attempt and the reference (critic reads and
   # updates about 1.5x shorter).
   c.task.builtin_critic_prompt = 'short'
+  # The walk (ac2_jax/tasks/walk.py says why it exists): reach walk_goal from a start with the
+  # menu's moves in a budget of the shortest walk plus 0..walk_slack moves, never landing above
+  # the goal or on a number ending in walk_trap_digit (-1: no traps).
+  c.task.walk_goal = 100
+  c.task.walk_moves = '+1 +5 *2'
+  c.task.walk_trap_digit = 7
+  c.task.walk_min_distance = 2
+  c.task.walk_max_distance = 8
+  c.task.walk_slack = 2
+  c.task.walk_validation_every = 4
   c.task.proofs_train_dir = ''     # manual dir with FineProofs-RL parquet/jsonl files
   c.task.proofs_validation_dir = ''  # manual dir with IMO-ProofBench files
   c.task.skip_malformed = False    # skip (and count) malformed data rows instead of failing
@@ -226,6 +236,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.temperature = 0.8
   c.eval.top_p = 0.95
   c.eval.top_k = 20
+  return c
+
+
+def walk_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The `walk` config argument: the built-in walk task (ac2_jax/tasks/walk.py) and the sizes it
+  needs (measured with the built-in tokenizer at the default walk settings)."""
+  c.task.name = 'walk'
+  c.sft.seq_len = 208              # prompt + walk: at most 202 tokens
+  c.sft.critic_seq_len = 320       # warm-start critic examples: at most 313 tokens
+  c.sft.step_mistake_rate = 0.3    # the corpus's share of off-plan moves: sets the start score
+  c.controller.response_budget = 144  # the longest walk (10 moves) is 130 tokens
+  c.critic.max_context = 384       # prompt + reference + instruction + 144 response tokens
   return c
 
 

@@ -44,7 +44,7 @@ from ac2_jax.train.sizes import RunSizes
 GiB = 1024**3
 # The data are not read: prompt lengths are assumed (FineProofs-RL and IMO-ProofBench prompts are
 # far shorter than 2,048 tokens; the built-in task's are under 128).
-PROMPT_TOKENS = {'builtin': 128, 'proofs': 2048}
+PROMPT_TOKENS = {'builtin': 128, 'walk': 128, 'proofs': 2048}
 
 
 @dataclasses.dataclass(frozen=True)

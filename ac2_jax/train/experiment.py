@@ -32,7 +32,8 @@ from ac2_jax.train import distributed
 from ac2_jax.train import sft as sft_lib
 # The launchers, tests and benchmarks reach the validation half through this module too.
 from ac2_jax.train.validation import (  # noqa: F401
-    ALGORITHMS, VALUE_ALGORITHMS, ConfigError, RunSettings, Settings, TASKS, chain_settings,
+    ALGORITHMS, BUILTIN_TASKS, VALUE_ALGORITHMS, ConfigError, RunSettings, Settings, TASKS,
+    builtin_settings, chain_settings,
     check_value_checkpoint, check_choice, controller_settings, dry_run_plan, judge_settings_of,
     run_settings, run_sizes, config_section, sft_settings, validate)
 
@@ -43,8 +44,8 @@ def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | 
   """(task, tokenizer) for config.task.name."""
   data_dir = c.task.data_dir or os.path.join(workdir, 'data')
   check_choice('task.name', c.task.name, TASKS)
-  if c.task.name == 'builtin':
-    return builtin_tfds.build_builtin(data_dir, chain_settings(c),
+  if c.task.name in BUILTIN_TASKS:
+    return builtin_tfds.build_builtin(data_dir, builtin_settings(c),
                                       vocab_size=c.task.builtin_vocab_size)
   from ac2_jax import judges  # Only the proof task talks HTTP.
   from ac2_jax.tasks import proofs, proofs_tfds
@@ -91,8 +92,8 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
       raise ConfigError(f'config.model.init_checkpoint={c.model.init_checkpoint!r} has no '
                         f'config.json')
     return c.model.init_checkpoint
-  if c.task.name != 'builtin':
-    raise ConfigError('only the built-in task has an SFT warm start; set '
+  if c.task.name not in BUILTIN_TASKS:
+    raise ConfigError('only the built-in tasks have an SFT warm start; set '
                       'config.model.init_checkpoint')
   check_choice('model.preset', c.model.preset, models.PRESET_NAMES)
   model_config = models.get_config(c.model.preset, vocab_size=tok.vocab_size)

@@ -31,7 +31,7 @@ from ac2_jax.controller.inflight import InflightSettings
 from ac2_jax.controller.switch_gate import GateSettings
 from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
-from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin, walk
 from ac2_jax.train import dry_run
 from ac2_jax.train import sft as sft_lib
 from ac2_jax.train.sizes import RunSizes
@@ -39,7 +39,9 @@ from ac2_jax.train.sizes import RunSizes
 ALGORITHMS = ('ac2', 'prefix_grpo', 'grpo', 'ppo', 'pact', 'lisao', 'li2sao')
 # Algorithms with a separate value-head critic (learner/value_critic.py), and their config section.
 VALUE_ALGORITHMS = ('ppo', 'pact', 'lisao', 'li2sao')
-TASKS = ('builtin', 'proofs')
+TASKS = ('builtin', 'walk', 'proofs')
+# The tasks built on this machine, with a tokenizer and an SFT warm start of their own.
+BUILTIN_TASKS = ('builtin', 'walk')
 ROLLOUT_MODES = ('sync', 'async')
 # Algorithms that can take their batches from the in-flight rollout worker (rollout.mode='async').
 ASYNC_ALGORITHMS = ('lisao', 'li2sao')
@@ -131,7 +133,7 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
       model = ModelConfig.from_hf_dict(json.load(f), **overrides)
     source = hf_config
   else:
-    if c.task.name == 'builtin':
+    if c.task.name in BUILTIN_TASKS:
       overrides['vocab_size'] = c.task.builtin_vocab_size
     model = models.get_config(c.model.preset, **overrides)
     source = f'preset {c.model.preset!r}'
@@ -173,6 +175,21 @@ def chain_settings(c: ml_collections.ConfigDict) -> builtin.ChainSettings:
                                  num_validation=c.task.builtin_num_validation, seed=c.seed,
                                  scoring=c.task.builtin_scoring,
                                  critic_prompt=c.task.builtin_critic_prompt)
+
+
+def walk_settings(c: ml_collections.ConfigDict) -> walk.WalkSettings:
+  with config_section('task (walk_*)'):
+    return walk.WalkSettings(goal=c.task.walk_goal, moves=c.task.walk_moves,
+                             trap_digit=c.task.walk_trap_digit,
+                             min_distance=c.task.walk_min_distance,
+                             max_distance=c.task.walk_max_distance, slack=c.task.walk_slack,
+                             validation_every=c.task.walk_validation_every,
+                             critic_prompt=c.task.builtin_critic_prompt)
+
+
+def builtin_settings(c: ml_collections.ConfigDict) -> builtin.ChainSettings | walk.WalkSettings:
+  """The settings of the built-in task config.task.name names (the chain or the walk)."""
+  return walk_settings(c) if c.task.name == 'walk' else chain_settings(c)
 
 
 def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
@@ -354,7 +371,7 @@ class Settings:
   eval_sampling: sampling.SamplingSettings
   mesh: sharding.MeshConfig
   mesh_shape: tuple[int, int, int]
-  chain: builtin.ChainSettings | None       # the built-in task
+  builtin: builtin.ChainSettings | walk.WalkSettings | None  # a built-in task's rules
   sft: sft_lib.SFTSettings | None           # when the run starts from the SFT warm start
   grpo: grpo_lib.GRPOSettings | None
   ppo: ppo_lib.PPOSettings | None
@@ -421,9 +438,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
       mesh_shape = mesh.resolve(devices)
     except ValueError as e:
       raise ValueError(f'{e} (this process sees {devices} devices)') from None
-  chain = sft = judge_settings = None
-  if c.task.name == 'builtin':
-    chain = chain_settings(c)
+  builtin_task = sft = judge_settings = None
+  if c.task.name in BUILTIN_TASKS:
+    builtin_task = builtin_settings(c)
     if not (isinstance(c.task.builtin_vocab_size, int) and c.task.builtin_vocab_size >= 1):
       raise ConfigError(f'config.task.builtin_vocab_size must be an integer >= 1, '
                         f'got {c.task.builtin_vocab_size!r}')
@@ -442,7 +459,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   return Settings(run=run, controller=ctl_settings,
                   train_sampling=sampling_settings(c, 'sampling'),
                   eval_sampling=sampling_settings(c, 'eval'), mesh=mesh, mesh_shape=mesh_shape,
-                  chain=chain, sft=sft, grpo=grpo, ppo=ppo, pact=pact, lisao=lisao,
+                  builtin=builtin_task, sft=sft, grpo=grpo, ppo=ppo, pact=pact, lisao=lisao,
                   li2sao=li2sao, value=value,
                   judges=judge_settings)
 
