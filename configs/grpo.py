@@ -7,6 +7,8 @@ Paper scale (256 problems x 16 responses per step, Qwen3-4B; see docs/tpu.md):
     --config.model.init_checkpoint=... --config.task.proofs_train_dir=... \
     --config.task.proofs_validation_dir=... --config.judge.base_url=...
 Argument `std` divides advantages by the group's standard deviation.
+Argument `walk`: the built-in walk task instead of the chain (ac2_jax/tasks/walk.py;
+defaults.walk_task).
 Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
 ac2_jax/train/bench_setting.py).
 """

@@ -4,6 +4,8 @@ advantages from terminal rewards; no critic.
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/prefix_grpo.py --workdir=/tmp/prefix_grpo_run
 Paper scale: `--config=configs/prefix_grpo.py:qwen3_4b` with the flags of configs/ac2.py.
+Argument `walk`: the built-in walk task instead of the chain (ac2_jax/tasks/walk.py;
+defaults.walk_task).
 Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
 ac2_jax/train/bench_setting.py).
 """

@@ -296,10 +296,15 @@ def critic_instruction(reference: str | None, prompt: str = 'long') -> str:
   'long' is the AC2 paper's instruction, shortened; 'short' only asks, so that a tiny model's
   context holds the attempt and the reference rather than the wording of the question.
   """
+  return format_instruction(reference, prompt, long=(_CRITIC, _CRITIC_REFERENCE))
+
+
+def format_instruction(reference: str | None, prompt: str, long: tuple[str, str]) -> str:
+  """A built-in task's critic instruction: its `long` (template, reference template) pair, or the
+  short question both tasks share; the reference placed by the reference template."""
   if prompt not in CRITIC_PROMPTS:
     raise ValueError(f'critic prompt must be one of {CRITIC_PROMPTS}, got {prompt!r}')
-  template, ref_template = ((_CRITIC, _CRITIC_REFERENCE) if prompt == 'long'
-                            else (_CRITIC_SHORT, _CRITIC_SHORT_REFERENCE))
+  template, ref_template = long if prompt == 'long' else (_CRITIC_SHORT, _CRITIC_SHORT_REFERENCE)
   if reference is None:
     return template.format(reference='')
   return template.format(reference=ref_template.format(reference=reference.strip()))

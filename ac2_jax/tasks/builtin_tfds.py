@@ -42,17 +42,18 @@ def config_for(settings: builtin.ChainSettings) -> ChainConfig:
                      description=f'{s.steps} steps modulo {s.modulus}')
 
 
-class BuiltinChain(tfds.core.GeneratorBasedBuilder):
-  """Chain-arithmetic problems (ac2_jax/tasks/builtin.py), generated from a seed."""
+class _GeneratedProblems(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A built-in task's problems, generated from the builder config's settings: one row per
+  problem with its prompt, reference solution and answer (subclasses say how)."""
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'First version.'}
-  BUILDER_CONFIGS = [config_for(builtin.ChainSettings())]
+  DESCRIPTION = ''
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
-        description='Chains of modular arithmetic with written-out intermediate results.',
+        description=self.DESCRIPTION,
         features=tfds.features.FeaturesDict({
             'index': np.int64,  # generation order within the split
             'id': tfds.features.Text(),
@@ -64,7 +65,7 @@ class BuiltinChain(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # everything is generated
-    problems = builtin.generate(self.builder_config.settings)
+    problems = self._problems(self.builder_config.settings)
     return {split: self._generate_examples(problems[split]) for split in base.SPLITS}
 
   def _generate_examples(self, problems):
@@ -73,9 +74,19 @@ class BuiltinChain(tfds.core.GeneratorBasedBuilder):
           'index': index,
           'id': problem.problem_id(),
           'prompt': problem.prompt(),
-          'reference_solution': builtin.reference_text(problem),
-          'answer': problem.answer,
+          'reference_solution': self._reference(problem),
+          'answer': self._answer(problem),
       }
+
+
+class BuiltinChain(_GeneratedProblems):
+  """Chain-arithmetic problems (ac2_jax/tasks/builtin.py), generated from a seed."""
+
+  BUILDER_CONFIGS = [config_for(builtin.ChainSettings())]
+  DESCRIPTION = 'Chains of modular arithmetic with written-out intermediate results.'
+  _problems = staticmethod(builtin.generate)
+  _reference = staticmethod(builtin.reference_text)
+  _answer = staticmethod(lambda problem: problem.answer)
 
 
 def _text(value) -> str:
@@ -97,43 +108,17 @@ def walk_config_for(settings: walk.WalkSettings) -> WalkConfig:
   return WalkConfig(name=name, settings=settings, description=f'walks to {s.goal}')
 
 
-class BuiltinWalk(tfds.core.GeneratorBasedBuilder):
+class BuiltinWalk(_GeneratedProblems):
   """Walk problems (ac2_jax/tasks/walk.py): every (start, budget) pair of the settings."""
 
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'First version.'}
   BUILDER_CONFIGS = [walk_config_for(walk.WalkSettings())]
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description='Walks to a goal number with a menu of moves and dead ends.',
-        features=tfds.features.FeaturesDict({
-            'index': np.int64,  # generation order within the split
-            'id': tfds.features.Text(),
-            'prompt': tfds.features.Text(),
-            'reference_solution': tfds.features.Text(),
-            'answer': np.int64,
-        }),
-    )
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # everything is generated
-    problems = walk.generate(self.builder_config.settings)
-    return {split: self._generate_examples(problems[split]) for split in base.SPLITS}
-
-  def _generate_examples(self, problems):
-    for index, problem in enumerate(problems):
-      yield problem.problem_id(), {
-          'index': index,
-          'id': problem.problem_id(),
-          'prompt': problem.prompt(),
-          'reference_solution': walk.reference_text(problem),
-          'answer': problem.goal,
-      }
+  DESCRIPTION = 'Walks to a goal number with a menu of moves and dead ends.'
+  _problems = staticmethod(walk.generate)
+  _reference = staticmethod(walk.reference_text)
+  _answer = staticmethod(lambda problem: problem.goal)
 
 
-def load_records(builder: tfds.core.GeneratorBasedBuilder, split: str) -> list[base.ProblemRecord]:
+def load_records(builder: _GeneratedProblems, split: str) -> list[base.ProblemRecord]:
   """The records of a prepared split, in generation order."""
   source = builder.as_data_source(split=base.check_split(split))
   rows = source.__getitems__(list(range(len(source))))

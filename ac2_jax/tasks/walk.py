@@ -70,8 +70,6 @@ _CRITIC = ('Pause here and estimate how much credit this attempt will earn if yo
            'partial credit.{reference}\nAnswer with a single line: Q value: z where z is one of '
            '0, 0.1, ..., 1.')
 _CRITIC_REFERENCE = '\nCompare with a correct solution:\n{reference}'
-_CRITIC_SHORT = 'Q value of this attempt?{reference}'
-_CRITIC_SHORT_REFERENCE = '\nSolution:\n{reference}'
 
 
 def _parse_menu(text: str) -> tuple[tuple[str, int], ...]:
@@ -329,13 +327,8 @@ def prefix_value(problem: WalkProblem, prefix_text: str, noise: float) -> float:
 
 
 def critic_instruction(reference: str | None, prompt: str = 'short') -> str:
-  if prompt not in CRITIC_PROMPTS:
-    raise ValueError(f'critic prompt must be one of {CRITIC_PROMPTS}, got {prompt!r}')
-  template, ref_template = ((_CRITIC, _CRITIC_REFERENCE) if prompt == 'long'
-                            else (_CRITIC_SHORT, _CRITIC_SHORT_REFERENCE))
-  if reference is None:
-    return template.format(reference='')
-  return template.format(reference=ref_template.format(reference=reference.strip()))
+  """The chain's critic question ('short'), or a long one that says what credit means here."""
+  return builtin.format_instruction(reference, prompt, long=(_CRITIC, _CRITIC_REFERENCE))
 
 
 def generate(settings: WalkSettings) -> dict[str, list[WalkProblem]]:
