@@ -244,7 +244,7 @@ def walk_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   needs (measured with the built-in tokenizer at the default walk settings)."""
   c.task.name = 'walk'
   c.sft.seq_len = 208              # prompt + walk: at most 202 tokens
-  c.sft.critic_seq_len = 320       # warm-start critic examples: at most 313 tokens
+  c.sft.critic_seq_len = 352       # warm-start critic examples: 324 tokens seen at the longest
   c.sft.step_mistake_rate = 0.3    # the corpus's share of off-plan moves: sets the start score
   # The walk's arithmetic is learned in about 100 steps (loss 0.06), so the noisy walks come in
   # early: with 420 clean steps the warm start kept almost no entropy at its choices (0.07 per
