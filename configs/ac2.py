@@ -31,6 +31,14 @@ IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/
     --config.task.proofs_train_dir=/data/fineproofs --config.task.proofs_validation_dir=/data/imo \
     --config.judge.base_url=http://judge:8000/v1 --config.judge.model=gpt-oss-120b
 
+The walk (ac2_jax/tasks/walk.py: a built-in task whose prefix value is the state its last line
+wrote, so the critic can read it; BENCHMARKS.md, "The walk"): `--config=configs/ac2.py:walk`,
+combinable with the variants. Measured on one seed only (seed 0, session 6; about 25 minutes of RL
+after a 10-20 minute SFT on a shared 2-core machine): 0.53 -> 0.87 (Prefix GRPO from the same warm
+start 0.85) with 13% fewer decoding FLOPs; problems ready from step 31, ready fraction 0.68 over the
+second half, 20% of rows critic-scored chunks; the warm start's critic reads the policy's own prefixes
+at corr 0.64 and chunk advantages at 0.41 (launch/bench.py critic). Both methods saturate by step 20.
+
 Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
 ac2_jax/train/bench_setting.py): `--config=configs/ac2.py:bench`, combinable with the variants.
 

@@ -110,6 +110,9 @@ def build_prefixes(rt, params, controller_settings, settings: ProbeSettings, key
   tok = rt.tokenizer
   think_close = tok.token_id('</think>')
   rng = np.random.default_rng(settings.seed)
+  if settings.num_problems > len(rt.train_records):
+    raise ValueError(f'--num_problems={settings.num_problems} is more than the task\'s '
+                     f'{len(rt.train_records)} training problems')
   problems = rng.choice(len(rt.train_records), settings.num_problems, replace=False)
   k1, k2 = jax.random.split(key)
   prompts = [rt.train_prompts[p] for p in problems]
