@@ -65,6 +65,9 @@ def test_token_distribution_matches_forward(params):
     probs = np.asarray(jax.nn.softmax(logits[i, len(c) - 1]))
     np.testing.assert_allclose(raw[i], probs[ids], rtol=1e-4, atol=1e-7)
   assert np.all(raw.sum(-1) < 1.0)
+  # Read a few rows at a time, the same probabilities.
+  np.testing.assert_allclose(
+      sampling.token_distribution(CONFIG, params, CONTEXTS, ids, max_batch=2), raw, atol=1e-6)
   norm = sampling.token_distribution(CONFIG, params, CONTEXTS, ids, renormalize=True)
   np.testing.assert_allclose(norm.sum(-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(norm, raw / raw.sum(-1, keepdims=True), rtol=1e-5)
