@@ -33,10 +33,10 @@ IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/
 
 The walk (ac2_jax/tasks/walk.py: a built-in task whose prefix value is the state its last line
 wrote, so the critic can read it; BENCHMARKS.md, "The walk"): `--config=configs/ac2.py:walk`,
-combinable with the variants. Measured on one seed only (seed 0, session 6; about 25 minutes of RL
-after a 10-20 minute SFT on a shared 2-core machine): 0.53 -> 0.87 (Prefix GRPO from the same warm
-start 0.85) with 13% fewer decoding FLOPs; problems ready from step 31, ready fraction 0.68 over the
-second half, 20% of rows critic-scored chunks; the warm start's critic reads the policy's own prefixes
+combinable with the variants. Measured on seeds 0 and 1 (session 6; about 25 minutes of RL after a
+10-20 minute SFT on a shared 2-core machine): 0.53 -> 0.87 and 0.52 -> 0.84 (Prefix GRPO from the
+same warm starts 0.85 and 0.89) with 12-13% fewer decoding FLOPs; problems ready from step 31 / 37,
+ready fraction 0.68 / 0.55 over the second half; the warm start's critic reads the policy's own prefixes
 at corr 0.64 and chunk advantages at 0.41 (launch/bench.py critic). Both methods saturate by step 20.
 
 Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
