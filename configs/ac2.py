@@ -52,7 +52,7 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   no_reference        the critic never sees a reference solution
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference')
@@ -83,17 +83,9 @@ def get_config(arg: str = ''):
   c = defaults.base_config()
   c.algorithm = 'ac2'
   parts = [p for p in arg.split(',') if p]
-  if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
-    parts.remove('qwen3_4b')
-  if 'bench' in parts:
-    c = bench_setting.apply_bench(c)
-    parts.remove('bench')
-  if 'walk' in parts:
-    c = defaults.walk_task(c)
-    parts.remove('walk')
+  c = defaults.apply_shared_arguments(c, parts)
   # chunk_small scales from the chosen size, so it applies after qwen3_4b.
   for part in parts:
-    if part not in ('', 'tiny', 'cpu'):
+    if part not in defaults.SHARED_ARGUMENTS:
       apply_variant(c, part)
   return c

@@ -13,22 +13,17 @@ Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until t
 ac2_jax/train/bench_setting.py).
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
 
 def get_config(arg: str = ''):
   c = defaults.base_config()
   c.algorithm = 'grpo'
   parts = [p for p in arg.split(',') if p]
-  if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
-  if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
-    c = bench_setting.apply_bench(c)
-  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
-    c = defaults.walk_task(c)
+  c = defaults.apply_shared_arguments(c, parts)
   if 'std' in parts:
     c.grpo.normalize_std = True
-  unknown = set(parts) - {'qwen3_4b', 'bench', 'walk', 'std', 'tiny', 'cpu'}
+  unknown = set(parts) - {*defaults.SHARED_ARGUMENTS, 'std'}
   if unknown:
     raise ValueError(f'unknown GRPO config arguments {sorted(unknown)}')
   return c

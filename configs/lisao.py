@@ -28,9 +28,9 @@ in-flight rollout worker; measured in two sync/async pairs, one seed, 20 steps, 
 cores).
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'async', 'tiny', 'cpu')
+ARGUMENTS = defaults.SHARED_ARGUMENTS + ('async',)
 
 
 def get_config(arg: str = ''):
@@ -40,12 +40,7 @@ def get_config(arg: str = ''):
   unknown = set(parts) - set(ARGUMENTS)
   if unknown:
     raise ValueError(f'unknown LiSAO config arguments {sorted(unknown)}; known: {ARGUMENTS}')
-  if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
-  if 'bench' in parts:
-    c = bench_setting.apply_bench(c)
-  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
-    c = defaults.walk_task(c)
+  c = defaults.apply_shared_arguments(c, parts)
   if 'async' in parts:
     c.rollout.mode = 'async'
   c.value_critic.freeze_attention = True  # MLP blocks, final norm and head train (SAO)

@@ -16,9 +16,9 @@ Arguments: `qwen3_4b`, `walk` (the built-in walk task instead of the chain; ac2_
 `bench` (UNMEASURED, ac2_jax/train/bench_setting.py), `frozen` (the critic's attention frozen).
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'frozen', 'tiny', 'cpu')
+ARGUMENTS = defaults.SHARED_ARGUMENTS + ('frozen',)
 
 
 def get_config(arg: str = ''):
@@ -28,13 +28,9 @@ def get_config(arg: str = ''):
   unknown = set(parts) - set(ARGUMENTS)
   if unknown:
     raise ValueError(f'unknown PACT config arguments {sorted(unknown)}; known: {ARGUMENTS}')
+  c = defaults.apply_shared_arguments(c, parts)
   if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
     c.actor.learning_rate = 1e-6
-  if 'bench' in parts:
-    c = bench_setting.apply_bench(c)
-  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
-    c = defaults.walk_task(c)
   if 'frozen' in parts:
     c.value_critic.freeze_attention = True
   return c

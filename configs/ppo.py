@@ -19,9 +19,9 @@ Arguments (combinable with commas):
   qwen3_4b  paper scale (defaults.paper_scale)
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
-ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'lambda1', 'frozen', 'tiny', 'cpu')
+ARGUMENTS = defaults.SHARED_ARGUMENTS + ('lambda1', 'frozen')
 
 
 def get_config(arg: str = ''):
@@ -31,12 +31,7 @@ def get_config(arg: str = ''):
   unknown = set(parts) - set(ARGUMENTS)
   if unknown:
     raise ValueError(f'unknown PPO config arguments {sorted(unknown)}; known: {ARGUMENTS}')
-  if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
-  if 'bench' in parts:
-    c = bench_setting.apply_bench(c)
-  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
-    c = defaults.walk_task(c)
+  c = defaults.apply_shared_arguments(c, parts)
   if 'lambda1' in parts:
     c.ppo.lam = 1.0
   if 'frozen' in parts:

@@ -10,20 +10,15 @@ Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until t
 ac2_jax/train/bench_setting.py).
 """
 
-from ac2_jax.train import bench_setting, defaults
+from ac2_jax.train import defaults
 
 
 def get_config(arg: str = ''):
   c = defaults.base_config()
   c.algorithm = 'prefix_grpo'
   parts = [p for p in arg.split(',') if p]
-  if 'qwen3_4b' in parts:
-    c = defaults.paper_scale(c)
-  if 'bench' in parts:  # the benchmark setting of launch/compare.py (unmeasured; bench_setting.py)
-    c = bench_setting.apply_bench(c)
-  if 'walk' in parts:  # the built-in walk task (ac2_jax/tasks/walk.py)
-    c = defaults.walk_task(c)
-  unknown = set(parts) - {'qwen3_4b', 'bench', 'walk', 'tiny', 'cpu'}
+  c = defaults.apply_shared_arguments(c, parts)
+  unknown = set(parts) - set(defaults.SHARED_ARGUMENTS)
   if unknown:
     raise ValueError(f'unknown Prefix GRPO config arguments {sorted(unknown)}')
   return c

@@ -294,10 +294,12 @@ def sample_walk(problem: WalkProblem, rng: np.random.Generator, noise: float
   return path, moves
 
 
+@functools.lru_cache(maxsize=1024)
 def state_values(problem: WalkProblem, noise: float) -> np.ndarray:
   """V[x, k]: expected points / 7 of `sample_walk`'s solver from number x with k moves left.
 
-  Indexed for x in 0..goal (dead ends above the goal read through `value`)."""
+  Indexed for x in 0..goal (dead ends above the goal read through `value_at`). Cached per
+  problem (the corpus streams value every prefix they cut), so the array comes back read-only."""
   goal, budget = problem.goal, problem.budget
   v = np.zeros((goal + 1, budget + 1))
   for x in range(1, goal + 1):
@@ -313,6 +315,7 @@ def state_values(problem: WalkProblem, noise: float) -> np.ndarray:
       best = [value_at(v, problem, problem.apply(x, m), k - 1) for m in problem.best_moves(x)]
       greedy = float(np.mean(best)) if best else float(np.mean(after))
       v[x, k] = (1 - noise) * greedy + noise * float(np.mean(after))
+  v.flags.writeable = False
   return v
 
 

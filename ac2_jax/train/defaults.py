@@ -239,6 +239,24 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The config arguments every config file takes (besides its own): `tiny` and `cpu` name the default.
+SHARED_ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'tiny', 'cpu')
+
+
+def apply_shared_arguments(c: ml_collections.ConfigDict, parts
+                           ) -> ml_collections.ConfigDict:
+  """The shared config arguments among `parts`, in this order: `qwen3_4b` (paper scale), `bench`
+  (launch/compare.py's setting, bench_setting.py), `walk` (the built-in walk task)."""
+  from ac2_jax.train import bench_setting  # a sibling that imports nothing of ours
+  if 'qwen3_4b' in parts:
+    c = paper_scale(c)
+  if 'bench' in parts:
+    c = bench_setting.apply_bench(c)
+  if 'walk' in parts:
+    c = walk_task(c)
+  return c
+
+
 def walk_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The `walk` config argument: the built-in walk task (ac2_jax/tasks/walk.py) and the sizes it
   needs (measured with the built-in tokenizer at the default walk settings)."""
