@@ -160,3 +160,23 @@ def test_sft_and_critic_examples(built):
     context, target = next(pairs)
     assert 'Q value' in tok.decode(list(context))
     assert tok.decode(list(target)).strip().startswith(('0', '1'))
+
+
+def test_critic_examples_valued_by_a_sharper_solver(built):
+  """`value_step_mistake_rate` relabels the same critic contexts with a sharper solver's values:
+  never lower (a less noisy solver loses less), higher where choices remain."""
+  task, tok = built
+  own = builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=3)
+  sharp = builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=3,
+                                      value_step_mistake_rate=0.05)
+  higher = 0
+  for _ in range(40):
+    (context, target), (context_sharp, target_sharp) = next(own), next(sharp)
+    np.testing.assert_array_equal(context, context_sharp)
+    value, value_sharp = (float(tok.decode(list(t)).replace('<|im_end|>', '')) for t in
+                          (target, target_sharp))
+    assert value_sharp >= value
+    higher += value_sharp > value
+  assert higher >= 10
+  with pytest.raises(ValueError, match='value_step_mistake_rate'):
+    builtin_sft.corpus_of(task, step_mistake_rate=0.3, value_step_mistake_rate=1.5)

@@ -111,6 +111,7 @@ class ChainCorpus:
   scoring: str = 'local'
   mistake_rate: float = 0.0
   step_mistake_rate: float = 0.0
+  value_step_mistake_rate: float | None = None  # the solver `value` labels for; None: this one
 
   def parse(self, prompt: str) -> builtin.ChainProblem:
     return builtin.parse_problem(prompt)
@@ -126,16 +127,18 @@ class ChainCorpus:
     return builtin.thinking_and_answer(problem, solution)
 
   def value(self, problem, solution, prefix_text: str) -> float:
-    return prefix_value(problem, solution, prefix_text, 1.0 - self.step_mistake_rate,
-                        self.scoring)
+    rate = (self.step_mistake_rate if self.value_step_mistake_rate is None
+            else self.value_step_mistake_rate)
+    return prefix_value(problem, solution, prefix_text, 1.0 - rate, self.scoring)
 
 
 @dataclasses.dataclass(frozen=True)
 class WalkCorpus:
   """Walks of a solver that takes a uniform menu move with probability `noise` (else a best
-  one), valued exactly by `walk.prefix_value`."""
+  one), valued exactly by `walk.prefix_value` under the solver of `value_noise` (None: the same)."""
 
   noise: float = 0.0
+  value_noise: float | None = None
 
   def parse(self, prompt: str) -> walk.WalkProblem:
     return walk.parse_problem(prompt)
@@ -151,17 +154,23 @@ class WalkCorpus:
 
   def value(self, problem, solution, prefix_text: str) -> float:
     del solution  # the state is in the text
-    return walk.prefix_value(problem, prefix_text, self.noise)
+    return walk.prefix_value(problem, prefix_text,
+                             self.noise if self.value_noise is None else self.value_noise)
 
 
-def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0):
-  """The corpus of a built-in task (chain or walk) at the given mistake rates."""
+def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0,
+              value_step_mistake_rate: float | None = None):
+  """The corpus of a built-in task (chain or walk) at the given mistake rates; its values are
+  those of a solver at `value_step_mistake_rate` (None: at `step_mistake_rate`)."""
+  if value_step_mistake_rate is not None and not 0.0 <= value_step_mistake_rate <= 1.0:
+    raise ValueError(f'value_step_mistake_rate must lie in [0, 1], got {value_step_mistake_rate}')
   if isinstance(task, walk.WalkTask):
     if mistake_rate:
       raise ValueError('the walk task has no whole-solution mistakes: set mistake_rate=0 and '
                        'step_mistake_rate (the share of off-plan moves)')
-    return WalkCorpus(step_mistake_rate)
-  return ChainCorpus(task.settings.scoring, mistake_rate, step_mistake_rate)
+    return WalkCorpus(step_mistake_rate, value_step_mistake_rate)
+  return ChainCorpus(task.settings.scoring, mistake_rate, step_mistake_rate,
+                     value_step_mistake_rate)
 
 
 def sft_examples(task, tok: tokenization.Tokenizer, *,
@@ -198,15 +207,18 @@ def sft_examples(task, tok: tokenization.Tokenizer, *,
 
 
 def critic_examples(task, tok: tokenization.Tokenizer, *,
-                    step_mistake_rate: float, seed: int = 0
+                    step_mistake_rate: float, seed: int = 0,
+                    value_step_mistake_rate: float | None = None
                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(critic context ids, value target ids) pairs that teach the critic's answer format, forever.
 
   A worked solution of the warm-start corpus is cut at a random token, framed as the critic reads
-  it (half of the time with the reference solution), and labelled with its exact value under the
-  corpus's own mistake rate, rounded to the grid.
+  it (half of the time with the reference solution), and labelled with its exact value, rounded to
+  the grid: the value under the corpus's own mistake rate, or under `value_step_mistake_rate`
+  (the values of a sharper solver, when RL will soon make the policy one).
   """
-  corpus = corpus_of(task, step_mistake_rate=step_mistake_rate)
+  corpus = corpus_of(task, step_mistake_rate=step_mistake_rate,
+                     value_step_mistake_rate=value_step_mistake_rate)
   records = task.records('train')
   rng = np.random.default_rng(seed)
   while True:

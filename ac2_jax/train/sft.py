@@ -43,6 +43,9 @@ class SFTSettings:
   critic_every: int = 0  # after clean_steps, every n-th step is a critic batch; 0 = never
   critic_batch_size: int = 16
   critic_seq_len: int = 256
+  # Built-in task: the critic examples are labelled with the values of a solver at this step
+  # mistake rate; < 0: at step_mistake_rate (the corpus's own values).
+  critic_value_mistake_rate: float = -1.0
   seed: int = 0
 
 
@@ -70,8 +73,11 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
 
 
 def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
-  blob = json.dumps([dataclasses.asdict(model_config), dataclasses.asdict(settings), data_key],
-                    sort_keys=True)
+  fields = dataclasses.asdict(settings)
+  if fields['critic_value_mistake_rate'] < 0:
+    # At its default the field is left out, so warm starts made before it existed keep their key.
+    del fields['critic_value_mistake_rate']
+  blob = json.dumps([dataclasses.asdict(model_config), fields, data_key], sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

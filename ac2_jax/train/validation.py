@@ -198,6 +198,9 @@ def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
   for key in ('steps', 'batch_size', 'seq_len'):
     if getattr(settings, key) < 1:
       raise ConfigError(f'config.sft.{key} must be >= 1, got {getattr(settings, key)!r}')
+  if settings.critic_value_mistake_rate > 1:
+    raise ConfigError('config.sft.critic_value_mistake_rate must lie in [0, 1] (or be < 0 for '
+                      f'the corpus\'s own rate), got {settings.critic_value_mistake_rate!r}')
   return settings
 
 
