@@ -136,6 +136,45 @@ def test_critic_update_uses_traced_learning_rate():
     np.testing.assert_array_equal(a, b)
 
 
+def _critic_batch(contexts, targets, weights, T):
+  tokens = np.zeros((len(contexts), T), np.int32)
+  mask = np.zeros((len(contexts), T), np.float32)
+  for b, (s, t) in enumerate(zip(contexts, targets)):
+    tokens[b, :len(s) + len(t)] = np.concatenate([s, t])
+    mask[b, len(s):len(s) + len(t)] = 1.0
+  return updates.CriticBatch(jnp.asarray(tokens), jnp.asarray(mask),
+                             jnp.asarray(weights, jnp.float32))
+
+
+def test_critic_step_over_length_groups_equals_one_padded_batch():
+  """Records split into a short and a long batch, each padded to its own length: the same loss,
+  records and update as all of them padded to the longest."""
+  rng = np.random.default_rng(3)
+  lengths = [5, 7, 6, 21, 24, 19]
+  contexts = [rng.integers(1, CONFIG.vocab_size, n).astype(np.int32) for n in lengths]
+  targets = [rng.integers(1, CONFIG.vocab_size, 2).astype(np.int32) for _ in lengths]
+  weights = [1.0, 0.5, 0.5, 1.0, 0.5, 0.5]
+  params = models.init_params(CONFIG, jax.random.key(1))
+  settings = _settings()
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state_shardings = jax.tree.map(lambda _: replicated, state_lib.init_state(params, settings.optim))
+  step = runtime.make_critic_step(settings, state_shardings, replicated, replicated)
+  lr = jnp.float32(1e-3)
+  fresh = lambda: state_lib.init_state(jax.tree.map(jnp.copy, params), settings.optim)  # donated
+  whole, m_whole = step(fresh(), _critic_batch(contexts, targets, weights, 32), lr)
+  groups = (_critic_batch(contexts[:3], targets[:3], weights[:3], 16),
+            _critic_batch(contexts[3:], targets[3:], weights[3:], 32))
+  split, m_split = step(fresh(), groups, lr)
+  assert float(m_split['records']) == float(m_whole['records']) == 6.0
+  np.testing.assert_allclose(m_split['loss'], m_whole['loss'], rtol=1e-6)
+  assert float(m_split['update_norm']) > 0
+  # Adam's first step is about lr * sign(g): a gradient near 0 may move by rounding, so the bound
+  # is 1% of lr.
+  for a, b in zip(jax.tree.leaves(split.params), jax.tree.leaves(whole.params)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
 def test_learner_logprobs_match_the_sampler_on_a_padded_vocabulary():
   """A checkpoint padded past its tokenizer: 512 rows, 300 ids, the padding rows' logits made the
   largest. Over the sampler's support the learner's log-prob of a sampled token is the sampler's,

@@ -60,6 +60,10 @@ def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_le
   return rows, float(np.sum(cost))
 
 
+# A critic update's records are split by length only when each part keeps at least this many rows.
+MIN_LENGTH_GROUP_ROWS = 8
+
+
 def bucket_rows(n: int, multiple: int) -> int:
   b = max(8, 1 << max(0, (n - 1).bit_length()))
   return -(-b // multiple) * multiple
@@ -180,21 +184,34 @@ def critic_reader(readout: str):
   raise ValueError(f'critic readout must be one of {READOUTS}, got {readout!r}')
 
 
-def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray],
-                         records: Sequence) -> updates.CriticBatch | None:
+def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: Sequence,
+                         length_groups: int = 2) -> tuple[updates.CriticBatch, ...] | None:
   """Critic prompt (`contexts[i]`, from `rt.critic_context`) + value target tokens per record, the
-  targets masked, bucketed."""
+  targets masked: the records sorted by length and cut into up to `length_groups` batches of equal
+  rows, each padded to its own length bucket (`rt.critic_step` sums their gradients into one
+  update). A record's prompt with the reference is about a reference longer than without it, so
+  one bucket for all of them pads half the records by that much."""
   if not records:
     return None
   targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
+  order = sorted(range(len(records)), key=lambda i: len(contexts[i]) + len(targets[i]))
+  rows = -(-len(order) // max(1, length_groups))
+  if rows < MIN_LENGTH_GROUP_ROWS:
+    rows = len(order)  # too few to be worth a second compiled shape
+  return tuple(_critic_batch(rt, [contexts[i] for i in group], [targets[i] for i in group],
+                             [records[i].weight for i in group])
+               for group in (order[k:k + rows] for k in range(0, len(order), rows)))
+
+
+def _critic_batch(rt: Runtime, contexts, targets, weights) -> updates.CriticBatch:
   T = sampling.bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
-  B = bucket_rows(len(records), rt.batch_multiple)
+  B = bucket_rows(len(contexts), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)
-  weights = np.zeros((B,), np.float32)
-  for b, (s, t, rec) in enumerate(zip(contexts, targets, records)):
+  weights_B = np.zeros((B,), np.float32)
+  for b, (s, t, w) in enumerate(zip(contexts, targets, weights)):
     tokens[b, :len(s)] = s
     tokens[b, len(s):len(s) + len(t)] = t
     mask[b, len(s):len(s) + len(t)] = 1.0
-    weights[b] = rec.weight
-  return rt.put_batch(updates.CriticBatch(tokens, mask, weights))
+    weights_B[b] = w
+  return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B))

@@ -12,6 +12,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -26,6 +27,29 @@ def max_total_len(longest_prompt: int, response_budget: int, critic_context: int
   """Longest context + new tokens of any sampler call: a prompt plus the whole response budget,
   or a critic prompt (which may be longer) plus its value tokens."""
   return max(longest_prompt + response_budget, critic_context)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticStep:
+  """(state, a CriticBatch or a sequence of them, lr) -> (state, metrics): one critic update.
+
+  Several batches are one update's records split by length (`learner.rows.critic_records_batch`):
+  each is padded to its own length, their gradients are summed, and one optimiser step follows,
+  so the split changes only the padding, never the update.
+  """
+  update: Callable  # (state, CriticBatch, lr): grads and step fused
+  grads: Callable   # (params, CriticBatch) -> (loss_sum, records, grads)
+  add: Callable     # sums two of grads' outputs (the first donated)
+  apply: Callable   # (state, loss_sum, records, grads, lr) -> (state, metrics)
+
+  def __call__(self, state, batch, lr):
+    batches = [batch] if isinstance(batch, updates.CriticBatch) else list(batch)
+    if len(batches) == 1:
+      return self.update(state, batches[0], lr)
+    total = self.grads(state.params, batches[0])
+    for b in batches[1:]:
+      total = self.add(total, self.grads(state.params, b))
+    return self.apply(state, *total, lr)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,6 +137,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                    in_shardings=(state_shardings, batch, scalar),
                    out_shardings=(state_shardings, scalar), donate_argnums=0)
 
+  critic_step = make_critic_step(update_settings, state_shardings, batch, scalar)
+
   value_fns = {}
   if value_settings is not None:
     if not isinstance(state, value_critic.ActorCriticState):
@@ -138,8 +164,27 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       train_records=train_records, val_records=val_records, train_prompts=train_prompts,
       val_prompts=prompts(val_records),
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
-      actor_step=jit(updates.actor_update), critic_step=jit(updates.critic_update),
+      actor_step=jit(updates.actor_update), critic_step=critic_step,
       critic_readout=critic_readout, value_settings=value_settings, **value_fns)
+
+
+def make_critic_step(update_settings: updates.UpdateSettings, state_shardings, batch, scalar
+                     ) -> CriticStep:
+  """The critic update's jitted parts, for the train state's shardings (`state_shardings`), the
+  batch's (`batch`) and a replicated scalar's; the state (and summed gradients) donated."""
+  params = state_shardings.params
+  sums = (scalar, scalar, params)
+  return CriticStep(
+      update=jax.jit(functools.partial(updates.critic_update, update_settings),
+                     in_shardings=(state_shardings, batch, scalar),
+                     out_shardings=(state_shardings, scalar), donate_argnums=0),
+      grads=jax.jit(functools.partial(updates.critic_grads, update_settings),
+                    in_shardings=(params, batch), out_shardings=sums),
+      add=jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), in_shardings=(sums, sums),
+                  out_shardings=sums, donate_argnums=0),
+      apply=jax.jit(functools.partial(updates.critic_apply, update_settings),
+                    in_shardings=(state_shardings, scalar, scalar, params, scalar),
+                    out_shardings=(state_shardings, scalar), donate_argnums=(0, 3)))
 
 
 def place_state(state: state_lib.TrainState, mesh: Mesh) -> state_lib.TrainState:

@@ -179,9 +179,9 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
   return new_state, metrics
 
 
-def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: CriticBatch,
-                  lr: jax.Array):
-  """One critic update: value-token NLL (w/4 per record, / number of records) at learning rate lr."""
+def critic_grads(settings: UpdateSettings, params, batch: CriticBatch):
+  """(loss_sum, records, gradients of loss_sum) of the value-token NLL (w/4 per record) on `batch`:
+  summed over several batches, then `critic_apply`ed once, they make one update."""
 
   def loss_fn(params, mb: CriticBatch):
     # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
@@ -191,10 +191,22 @@ def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: 
     loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
     return loss_sum, (count, {})
 
-  loss_sum, count, _, grads = accumulate(loss_fn, state.params, batch, settings.micro_batch)
+  loss_sum, count, _, grads = accumulate(loss_fn, params, batch, settings.micro_batch)
+  return loss_sum, count, grads
+
+
+def critic_apply(settings: UpdateSettings, state: state_lib.TrainState, loss_sum, count, grads,
+                 lr: jax.Array):
+  """The critic optimiser step on summed `critic_grads` (mean over records) at learning rate lr."""
   loss, grads = token_mean(loss_sum, count, grads)
   optimizer = state_lib.critic_optimizer(settings.optim)
   params, opt_state, metrics = apply_update(optimizer, state.params, state.critic_opt_state, grads,
                                             loss, scale=lr)
   metrics = {'loss': loss, 'records': count, **metrics}
   return state.replace(params=params, critic_opt_state=opt_state), metrics
+
+
+def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: CriticBatch,
+                  lr: jax.Array):
+  """One critic update on one batch: `critic_grads`, then `critic_apply`."""
+  return critic_apply(settings, state, *critic_grads(settings, state.params, batch), lr)
