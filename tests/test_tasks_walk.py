@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from ac2_jax import critic
 from ac2_jax import tokenization as T
 from ac2_jax.judges import grading
 from ac2_jax.tasks import builtin_sft, builtin_tfds, walk
@@ -129,6 +130,40 @@ def test_state_values_match_the_solver():
   assert np.mean(points) == pytest.approx(walk.prefix_value(q, '', 0.4), abs=0.025)
 
 
+def test_blind_numbers():
+  share = walk.blind_numbers(100, 0.4)
+  assert share == walk.blind_numbers(100, 0.4) and share <= set(range(1, 100))
+  assert 20 <= len(share) <= 60  # a hash of the number: about 40 of 99
+  assert walk.blind_numbers(100, 0.0) == frozenset()
+  assert walk.blind_numbers(100, 1.0) == frozenset(range(1, 100))
+  assert walk.blind_numbers(100, 0.2) <= share  # one hash, so a smaller share is a subset
+  with pytest.raises(ValueError, match='blind fraction'):
+    walk.blind_numbers(100, 1.5)
+
+
+def test_blind_solver_values():
+  """Blind on every number is the uniform solver; on some, the values lie between the two, and the
+  recursion matches simulated walks."""
+  q = problem(start=13, budget=6)
+  np.testing.assert_array_equal(walk.state_values(q, 0.0, 1.0), walk.state_values(q, 1.0))
+  sharp, blind, uniform = (walk.prefix_value(q, '', *a) for a in ((0.0,), (0.0, 0.4), (1.0,)))
+  assert uniform < blind < sharp
+  rng = np.random.default_rng(1)
+  points, moves_at_blind, best_at_blind = [], 0, 0
+  unknown = walk.blind_numbers(q.goal, 0.4)
+  for _ in range(4000):
+    path, moves = walk.sample_walk(q, rng, 0.1, blind=0.4)
+    for x, move in zip([q.start] + path, moves):
+      if x in unknown:
+        moves_at_blind += 1
+        best_at_blind += move in q.best_moves(x)
+    thinking, content = walk.thinking_and_answer(q, path, moves)
+    points.append(walk.score_response(q, f'{thinking}\n{T.THINK_CLOSE}\n\n{content}').points / 7)
+  assert np.mean(points) == pytest.approx(walk.prefix_value(q, '', 0.1, 0.4), abs=0.025)
+  # On a blind number the move is uniform: a best move only as often as the menu holds one.
+  assert moves_at_blind > 500 and best_at_blind / moves_at_blind < 0.6
+
+
 def test_build_tfds_and_tokenizer(built):
   task, tok = built
   assert task.name == 'builtin_walk' and isinstance(task, walk.WalkTask)
@@ -180,3 +215,27 @@ def test_critic_examples_valued_by_a_sharper_solver(built):
   assert higher >= 10
   with pytest.raises(ValueError, match='value_step_mistake_rate'):
     builtin_sft.corpus_of(task, step_mistake_rate=0.3, value_step_mistake_rate=1.5)
+
+
+def test_blind_corpus(built):
+  """Even the clean walks of a blind corpus move at random on the blind numbers, and its critic
+  examples carry the blind solver's values."""
+  task, tok = built
+  corpus = builtin_sft.corpus_of(task, step_mistake_rate=0.2, blind_fraction=1.0)
+  rng = np.random.default_rng(0)
+  off_plan = 0
+  for record in task.records('train')[:20]:
+    q = corpus.parse(record.prompt)
+    path, moves = corpus.sample(q, rng, clean=True)
+    off_plan += sum(m not in q.best_moves(x) for x, m in zip([q.start] + path, moves))
+  assert off_plan > 0
+  sharp = builtin_sft.corpus_of(task, step_mistake_rate=0.2)
+  assert sharp.sample(q, rng, clean=True)[0][-1] == q.goal  # not blind: clean walks arrive
+  pairs = builtin_sft.critic_examples(task, tok, step_mistake_rate=0.0, seed=3, blind_fraction=1.0)
+  for _ in range(20):
+    context, target = next(pairs)
+    text = tok.decode(list(context))
+    q = walk.parse_problem(text.split('user\n', 1)[1])
+    prefix = text.split('<think>\n', 1)[1].split('</think>', 1)[0]
+    value = float(tok.decode(list(target)).replace('<|im_end|>', ''))
+    assert value == pytest.approx(critic.round_to_grid(walk.prefix_value(q, prefix, 1.0)))

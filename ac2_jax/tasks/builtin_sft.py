@@ -135,16 +135,19 @@ class ChainCorpus:
 @dataclasses.dataclass(frozen=True)
 class WalkCorpus:
   """Walks of a solver that takes a uniform menu move with probability `noise` (else a best
-  one), valued exactly by `walk.prefix_value` under the solver of `value_noise` (None: the same)."""
+  one) and always on its `blind` share of the numbers (`walk.blind_numbers`), valued exactly by
+  `walk.prefix_value` under the solver of `value_noise` (None: the same) and the same blindness."""
 
   noise: float = 0.0
   value_noise: float | None = None
+  blind: float = 0.0
 
   def parse(self, prompt: str) -> walk.WalkProblem:
     return walk.parse_problem(prompt)
 
   def sample(self, problem, rng: np.random.Generator, clean: bool = False):
-    return walk.sample_walk(problem, rng, 0.0 if clean else self.noise)
+    # Clean walks make no mistakes, but a blind number's best move is unknown even then.
+    return walk.sample_walk(problem, rng, 0.0 if clean else self.noise, self.blind)
 
   def tokenizer_sample(self, problem, rng: np.random.Generator):
     return walk.sample_walk(problem, rng, 0.5)
@@ -155,28 +158,33 @@ class WalkCorpus:
   def value(self, problem, solution, prefix_text: str) -> float:
     del solution  # the state is in the text
     return walk.prefix_value(problem, prefix_text,
-                             self.noise if self.value_noise is None else self.value_noise)
+                             self.noise if self.value_noise is None else self.value_noise,
+                             self.blind)
 
 
 def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0,
-              value_step_mistake_rate: float | None = None):
+              value_step_mistake_rate: float | None = None, blind_fraction: float = 0.0):
   """The corpus of a built-in task (chain or walk) at the given mistake rates; its values are
-  those of a solver at `value_step_mistake_rate` (None: at `step_mistake_rate`)."""
+  those of a solver at `value_step_mistake_rate` (None: at `step_mistake_rate`). The walk's solver
+  does not know the best move on `blind_fraction` of the numbers (`walk.blind_numbers`)."""
   if value_step_mistake_rate is not None and not 0.0 <= value_step_mistake_rate <= 1.0:
     raise ValueError(f'value_step_mistake_rate must lie in [0, 1], got {value_step_mistake_rate}')
   if isinstance(task, walk.WalkTask):
     if mistake_rate:
       raise ValueError('the walk task has no whole-solution mistakes: set mistake_rate=0 and '
                        'step_mistake_rate (the share of off-plan moves)')
-    return WalkCorpus(step_mistake_rate, value_step_mistake_rate)
+    walk.blind_numbers(task.settings.goal, blind_fraction)  # checks the fraction
+    return WalkCorpus(step_mistake_rate, value_step_mistake_rate, blind_fraction)
+  if blind_fraction:
+    raise ValueError('blind_fraction is a setting of the walk task\'s corpus, not the chain\'s')
   return ChainCorpus(task.settings.scoring, mistake_rate, step_mistake_rate,
                      value_step_mistake_rate)
 
 
 def sft_examples(task, tok: tokenization.Tokenizer, *,
                  mistake_rate: float, step_mistake_rate: float = 0.0, seed: int = 0,
-                 split: str = 'train', epochs: int | None = 1, clean_first: int = 0
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                 split: str = 'train', epochs: int | None = 1, clean_first: int = 0,
+                 blind_fraction: float = 0.0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(prompt_ids, response_ids) int32 arrays of worked solutions, in a seeded order.
 
   Each epoch visits every problem of `split` once in a fresh permutation, drawing fresh mistakes.
@@ -192,7 +200,8 @@ def sft_examples(task, tok: tokenization.Tokenizer, *,
     raise ValueError(f'epochs must be >= 1 or None, got {epochs}')
   if clean_first < 0:
     raise ValueError(f'clean_first must be >= 0, got {clean_first}')
-  corpus = corpus_of(task, mistake_rate=mistake_rate, step_mistake_rate=step_mistake_rate)
+  corpus = corpus_of(task, mistake_rate=mistake_rate, step_mistake_rate=step_mistake_rate,
+                     blind_fraction=blind_fraction)
   rng = np.random.default_rng(seed)
   problems = [corpus.parse(r.prompt) for r in records]
   prompts = [np.asarray(task.prompt_ids(tok, r), np.int32) for r in records]
@@ -208,7 +217,7 @@ def sft_examples(task, tok: tokenization.Tokenizer, *,
 
 def critic_examples(task, tok: tokenization.Tokenizer, *,
                     step_mistake_rate: float, seed: int = 0,
-                    value_step_mistake_rate: float | None = None
+                    value_step_mistake_rate: float | None = None, blind_fraction: float = 0.0
                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(critic context ids, value target ids) pairs that teach the critic's answer format, forever.
 
@@ -218,7 +227,8 @@ def critic_examples(task, tok: tokenization.Tokenizer, *,
   (the values of a sharper solver, when RL will soon make the policy one).
   """
   corpus = corpus_of(task, step_mistake_rate=step_mistake_rate,
-                     value_step_mistake_rate=value_step_mistake_rate)
+                     value_step_mistake_rate=value_step_mistake_rate,
+                     blind_fraction=blind_fraction)
   records = task.records('train')
   rng = np.random.default_rng(seed)
   while True:

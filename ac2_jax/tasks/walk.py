@@ -277,16 +277,31 @@ def state_of(problem: WalkProblem, prefix_text: str) -> tuple[int, int]:
   return (path[-1] if path else problem.start), problem.budget - len(path)
 
 
-def sample_walk(problem: WalkProblem, rng: np.random.Generator, noise: float
-                ) -> tuple[list[int], list[tuple[str, int]]]:
+@functools.lru_cache(maxsize=64)
+def blind_numbers(goal: int, fraction: float) -> frozenset[int]:
+  """The numbers 1..goal - 1 where a blind solver does not know the best move (a fixed share
+  `fraction` of them, picked by a hash of the number alone: the same for every problem and seed)."""
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f'blind fraction must lie in [0, 1], got {fraction}')
+  return frozenset(x for x in range(1, goal) if _unit_hash(f'blind|{x}') < fraction)
+
+
+def _unit_hash(text: str) -> float:
+  return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+def sample_walk(problem: WalkProblem, rng: np.random.Generator, noise: float,
+                blind: float = 0.0) -> tuple[list[int], list[tuple[str, int]]]:
   """A solver's walk: each move a best one (uniform among them), or with probability `noise` a
-  uniform move of the menu; it stops at the goal, at a dead end or when the moves run out."""
+  uniform move of the menu; on the `blind_numbers(goal, blind)` always a uniform move. It stops at
+  the goal, at a dead end or when the moves run out."""
   if not 0.0 <= noise <= 1.0:
     raise ValueError(f'noise must lie in [0, 1], got {noise}')
+  unknown = blind_numbers(problem.goal, blind)
   x, path, moves = problem.start, [], []
   while len(path) < problem.budget and x != problem.goal and not problem.dead(x):
     best = problem.best_moves(x)
-    pool = problem.menu if (rng.random() < noise or not best) else best
+    pool = problem.menu if (x in unknown or rng.random() < noise or not best) else best
     move = pool[int(rng.integers(len(pool)))]
     x = problem.apply(x, move)
     path.append(x)
@@ -295,12 +310,14 @@ def sample_walk(problem: WalkProblem, rng: np.random.Generator, noise: float
 
 
 @functools.lru_cache(maxsize=1024)
-def state_values(problem: WalkProblem, noise: float) -> np.ndarray:
-  """V[x, k]: expected points / 7 of `sample_walk`'s solver from number x with k moves left.
+def state_values(problem: WalkProblem, noise: float, blind: float = 0.0) -> np.ndarray:
+  """V[x, k]: expected points / 7 of `sample_walk`'s solver (`noise`, `blind`) from number x with
+  k moves left.
 
   Indexed for x in 0..goal (dead ends above the goal read through `value_at`). Cached per
   problem (the corpus streams value every prefix they cut), so the array comes back read-only."""
   goal, budget = problem.goal, problem.budget
+  unknown = blind_numbers(goal, blind)
   v = np.zeros((goal + 1, budget + 1))
   for x in range(1, goal + 1):
     v[x, 0] = 1.0 if x == goal else end_points(problem, x) / 7
@@ -313,7 +330,7 @@ def state_values(problem: WalkProblem, noise: float) -> np.ndarray:
         continue
       after = [value_at(v, problem, problem.apply(x, m), k - 1) for m in problem.menu]
       best = [value_at(v, problem, problem.apply(x, m), k - 1) for m in problem.best_moves(x)]
-      greedy = float(np.mean(best)) if best else float(np.mean(after))
+      greedy = float(np.mean(best)) if best and x not in unknown else float(np.mean(after))
       v[x, k] = (1 - noise) * greedy + noise * float(np.mean(after))
   v.flags.writeable = False
   return v
@@ -323,10 +340,11 @@ def value_at(v: np.ndarray, problem: WalkProblem, x: int, k: int) -> float:
   return 0.0 if problem.dead(x) or x > problem.goal else float(v[x, k])
 
 
-def prefix_value(problem: WalkProblem, prefix_text: str, noise: float) -> float:
+def prefix_value(problem: WalkProblem, prefix_text: str, noise: float, blind: float = 0.0
+                 ) -> float:
   """Expected points / 7 for finishing a partial response with `sample_walk`'s solver."""
   x, left = state_of(problem, prefix_text)
-  return value_at(state_values(problem, noise), problem, x, left)
+  return value_at(state_values(problem, noise, blind), problem, x, left)
 
 
 def critic_instruction(reference: str | None, prompt: str = 'short') -> str:

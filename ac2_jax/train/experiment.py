@@ -100,11 +100,13 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
   settings = sft_settings(c)
   examples = builtin_sft.sft_examples(
       task, tok, mistake_rate=settings.mistake_rate, step_mistake_rate=settings.step_mistake_rate,
-      seed=c.seed, epochs=None, clean_first=settings.clean_steps * settings.batch_size)
+      seed=c.seed, epochs=None, clean_first=settings.clean_steps * settings.batch_size,
+      blind_fraction=settings.blind_fraction)
   value_rate = settings.critic_value_mistake_rate
   critic_examples = builtin_sft.critic_examples(
       task, tok, step_mistake_rate=settings.step_mistake_rate, seed=c.seed + 1,
-      value_step_mistake_rate=None if value_rate < 0 else value_rate)
+      value_step_mistake_rate=None if value_rate < 0 else value_rate,
+      blind_fraction=settings.blind_fraction)
   data_key = task.name + repr(task.settings)
   out_dir = sft_directory(workdir, sft_lib.settings_key(model_config, settings, data_key))
   return sft_lib.run_sft(model_config, settings, examples, out_dir, data_key=data_key,

@@ -46,6 +46,9 @@ class SFTSettings:
   # Built-in task: the critic examples are labelled with the values of a solver at this step
   # mistake rate; < 0: at step_mistake_rate (the corpus's own values).
   critic_value_mistake_rate: float = -1.0
+  # Built-in walk: the share of numbers where the corpus's solver does not know the best move
+  # (walk.blind_numbers): the warm start moves at random there, and RL has to find those moves.
+  blind_fraction: float = 0.0
   seed: int = 0
 
 
@@ -72,11 +75,15 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
   return tokens, mask
 
 
+_LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0}
+
+
 def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
   fields = dataclasses.asdict(settings)
-  if fields['critic_value_mistake_rate'] < 0:
-    # At its default the field is left out, so warm starts made before it existed keep their key.
-    del fields['critic_value_mistake_rate']
+  for name, default in _LATER_FIELDS.items():
+    if fields[name] == default:
+      # Left out at its default, so warm starts made before the field existed keep their key.
+      del fields[name]
   blob = json.dumps([dataclasses.asdict(model_config), fields, data_key], sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

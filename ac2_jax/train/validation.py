@@ -201,6 +201,11 @@ def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
   if settings.critic_value_mistake_rate > 1:
     raise ConfigError('config.sft.critic_value_mistake_rate must lie in [0, 1] (or be < 0 for '
                       f'the corpus\'s own rate), got {settings.critic_value_mistake_rate!r}')
+  if not 0.0 <= settings.blind_fraction <= 1.0:
+    raise ConfigError(f'config.sft.blind_fraction must lie in [0, 1], got '
+                      f'{settings.blind_fraction!r}')
+  if settings.blind_fraction and c.task.name != 'walk':
+    raise ConfigError('config.sft.blind_fraction is a setting of the walk task (task.name=walk)')
   return settings
 
 
