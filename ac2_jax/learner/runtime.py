@@ -171,7 +171,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
 def make_critic_step(update_settings: updates.UpdateSettings, state_shardings, batch, scalar
                      ) -> CriticStep:
   """The critic update's jitted parts, for the train state's shardings (`state_shardings`), the
-  batch's (`batch`) and a replicated scalar's; the state (and summed gradients) donated."""
+  batch's (`batch`) and a replicated scalar's; the state is donated."""
   params = state_shardings.params
   sums = (scalar, scalar, params)
   return CriticStep(
@@ -184,7 +184,7 @@ def make_critic_step(update_settings: updates.UpdateSettings, state_shardings, b
                   out_shardings=sums, donate_argnums=0),
       apply=jax.jit(functools.partial(updates.critic_apply, update_settings),
                     in_shardings=(state_shardings, scalar, scalar, params, scalar),
-                    out_shardings=(state_shardings, scalar), donate_argnums=(0, 3)))
+                    out_shardings=(state_shardings, scalar), donate_argnums=0))
 
 
 def place_state(state: state_lib.TrainState, mesh: Mesh) -> state_lib.TrainState:
