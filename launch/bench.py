@@ -10,6 +10,7 @@
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
   python launch/bench.py critic --workdir=DIR   # can the critic judge the policy's prefixes?
   python launch/bench.py critic_exact --workdir=DIR   # can it learn exact prefix values at all?
+  python launch/bench.py critic_update --workdir=DIR  # a critic update split by length vs not
 """
 
 import sys
@@ -33,9 +34,11 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import critic as bench
   elif name == 'critic_exact':
     from ac2_jax.bench import critic_exact as bench
+  elif name == 'critic_update':
+    from ac2_jax.bench import critic_update as bench
   else:
     raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, train, '
-                     'kernels, controller, judge, critic or critic_exact')
+                     'kernels, controller, judge, critic, critic_exact or critic_update')
   bench.main(argv)
 
 

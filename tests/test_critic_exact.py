@@ -82,3 +82,21 @@ def test_ridge_reads_recover_a_linear_map():
   # A large penalty shrinks the reads to the mean.
   np.testing.assert_allclose(critic_exact.ridge_reads(x_NxE, y_N, x_NxE[:4], penalty=1e12),
                              np.full(4, y_N.mean()), atol=1e-3)
+
+
+def test_critic_update_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, capsys):
+  """The length-split benchmark times both layouts of the same records (two batches, fewer padded
+  tokens)."""
+  from ac2_jax.bench import critic_update
+  c = tiny_config(train_base, 'ac2')
+  rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  settings = critic_update.UpdateBenchSettings(pairs=8, repeats=1)
+  contexts, records = critic_update.corpus_records(rt, settings)
+  assert len(records) == 16 and all(r.weight == 0.5 for r in records)
+  out = critic_update.run(rt, state, settings, rows.critic_records_batch)
+  assert set(out['seconds']) == {1, 2} and out['ratio'] > 0
+  lines = capsys.readouterr().out.splitlines()
+  padded = {int(line.split()[-3]) for line in lines if 'padded tokens' in line}
+  assert len(padded) == 2  # the split pads to fewer tokens unless all records share a bucket
+  with pytest.raises(ValueError, match='length_groups'):
+    critic_update.UpdateBenchSettings(length_groups=1)
