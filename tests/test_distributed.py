@@ -117,8 +117,9 @@ def _assert_records_close(a: dict, b: dict, step: int) -> set:
 
 
 def _progress_lines(output: str) -> list[str]:
-  """The per-step progress lines a process printed, without the wall-clock step time."""
-  return [re.sub(r' step_time=\S+', '', line) for line in output.splitlines()
+  """The per-step progress lines a process printed, without the wall-clock fields (step time and
+  the ETA derived from it: the two processes may time a step a second apart)."""
+  return [re.sub(r' (step_time|eta)=\S+', '', line) for line in output.splitlines()
           if line.startswith('step=')]
 
 

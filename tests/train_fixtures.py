@@ -119,16 +119,11 @@ def train_base(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def compile_cache(tmp_path_factory):
-  """JAX's persistent compilation cache, on for one test module: every trainer run rebuilds its
-  jitted updates, and the cache turns the repeated XLA compiles of the same programs into loads."""
-  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs')
-  previous = {n: getattr(jax.config, n) for n in names}
-  jax.config.update(names[0], os.path.join(str(tmp_path_factory.getbasetemp()), 'jax_cache'))
-  jax.config.update(names[1], 0.5)
-  yield jax.config.jax_compilation_cache_dir
-  for n, value in previous.items():
-    jax.config.update(n, value)
+def compile_cache():
+  """The suite's persistent compilation cache directory (tests/conftest.py turns the cache on for
+  every test process and, through the environment, the subprocesses they start): the modules that
+  rebuild trainers name it, and pass it on explicitly to the launchers they run."""
+  return os.environ['JAX_COMPILATION_CACHE_DIR']
 
 
 def read_records(workdir: str) -> dict[int, dict]:
