@@ -33,11 +33,17 @@ IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/
 
 The walk (ac2_jax/tasks/walk.py: a built-in task whose prefix value is the state its last line
 wrote, so the critic can read it; BENCHMARKS.md, "The walk"): `--config=configs/ac2.py:walk`,
-combinable with the variants. Measured on seeds 0 and 1 (session 6; about 25 minutes of RL after a
-10-20 minute SFT on a shared 2-core machine): 0.53 -> 0.87 and 0.52 -> 0.84 (Prefix GRPO from the
-same warm starts 0.85 and 0.89) with 12-13% fewer decoding FLOPs; problems ready from step 31 / 37,
-ready fraction 0.68 / 0.55 over the second half; the warm start's critic reads the policy's own prefixes
-at corr 0.64 and chunk advantages at 0.41 (launch/bench.py critic). Both methods saturate by step 20.
+combinable with the variants. Measured on seeds 0, 1 and 2 (sessions 6-7; about 20-40 minutes of RL
+after a 20-30 minute SFT on a shared 2-core machine): 0.53 -> 0.87, 0.52 -> 0.84 and 0.60 -> 0.69 (Prefix
+GRPO from the same warm starts 0.85, 0.89 and 0.88) with 12-16% fewer decoding FLOPs; problems ready from
+step 30-36, ready fraction 0.55-0.79 over the second half; the warm start's critic reads the policy's own
+prefixes at corr 0.64 and chunk advantages at 0.41 (launch/bench.py critic). Both methods saturate by
+step 20 (the policy's token entropy falls to 0.01-0.04 and 67-79% of replay groups have equal rewards), and
+AC2's score falls after step 20 on every seed while its critic trails the sharpening policy. Two levers
+for the walk's warm start, off by default (BENCHMARKS.md, "The walk, session 7"):
+sft.critic_value_mistake_rate (critic examples valued by a sharper solver; did not make problems ready
+sooner) and sft.blind_fraction (the corpus moves at random on a share of the numbers; the warm start
+scores 0.35 at 0.4 with step mistakes 0.2, but RL finds those moves within 5-20 steps).
 
 Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
 ac2_jax/train/bench_setting.py): `--config=configs/ac2.py:bench`, combinable with the variants.
