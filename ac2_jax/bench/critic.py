@@ -371,6 +371,17 @@ def parse_settings(prog: str, args: argparse.Namespace, settings_cls):
     raise SystemExit(f'{prog}: {e}') from None
 
 
+def build_from_args(prog: str, doc: str, settings_cls, set_example: str, argv: Sequence[str]):
+  """(args, config, settings, runtime, state) of a critic benchmark's command line (the shared flags
+  of `argument_parser`; the run's warm start is reused from the workdir)."""
+  args = argument_parser(prog, doc.split('\n')[0], settings_cls, set_example).parse_args(argv)
+  from ac2_jax.train import cli, experiment
+  config = cli.config_from_args(args.config, args.set)
+  settings = parse_settings(prog, args, settings_cls)
+  rt, _, state = experiment.build(config, args.workdir, log=lambda *a: None)
+  return args, config, settings, rt, state
+
+
 def curve_writer(args: argparse.Namespace, settings):
   """`on_report` that rewrites `args.out` (if given) with the curve so far."""
   def save(curve):

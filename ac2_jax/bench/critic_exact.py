@@ -223,14 +223,8 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
 
 
 def main(argv: Sequence[str]) -> None:
-  prog = 'bench.py critic_exact'
-  parser = probe.argument_parser(prog, __doc__.split('\n')[0], ExactSettings,
-                                 'task.builtin_scoring=leading')
-  args = parser.parse_args(argv)
   from ac2_jax.learner import rows
-  from ac2_jax.train import cli, experiment
-  config = cli.config_from_args(args.config, args.set)
-  settings = probe.parse_settings(prog, args, ExactSettings)
-  rt, _, state = experiment.build(config, args.workdir, log=lambda *a: None)
+  args, _, settings, rt, state = probe.build_from_args(
+      'bench.py critic_exact', __doc__, ExactSettings, 'task.builtin_scoring=leading', argv)
   run(rt, state, settings, records_batch=rows.critic_records_batch,
       on_report=probe.curve_writer(args, settings))

@@ -89,13 +89,7 @@ def run(rt, state, settings: UpdateBenchSettings, records_batch) -> dict:
 
 
 def main(argv: Sequence[str]) -> None:
-  prog = 'bench.py critic_update'
-  parser = probe.argument_parser(prog, __doc__.split('\n')[0], UpdateBenchSettings,
-                                 'model.init_checkpoint=DIR/sft')
-  args = parser.parse_args(argv)
   from ac2_jax.learner import rows
-  from ac2_jax.train import cli, experiment
-  config = cli.config_from_args(args.config, args.set)
-  settings = probe.parse_settings(prog, args, UpdateBenchSettings)
-  rt, _, state = experiment.build(config, args.workdir, log=lambda *a: None)
+  _, _, settings, rt, state = probe.build_from_args(
+      'bench.py critic_update', __doc__, UpdateBenchSettings, 'model.init_checkpoint=DIR/sft', argv)
   run(rt, state, settings, rows.critic_records_batch)
