@@ -400,12 +400,20 @@ def main(argv: Sequence[str]) -> None:
   parser.add_argument('--prefixes', default='',
                       help='pickle of the labelled prefixes: read if it exists, else written '
                            '(one set serves every lever that leaves the policy and labels alone)')
+  parser.add_argument('--checkpoint', default='',
+                      help='probe the policy and critic of a run: its workdir (the latest '
+                           'checkpoint) or WORKDIR/checkpoints/<step>; --config and --set as the '
+                           'run had them')
   args = parser.parse_args(argv)
   from ac2_jax.learner import rows as rollouts
-  from ac2_jax.train import cli, experiment
+  from ac2_jax.train import checkpoint_eval, cli, experiment
   config = cli.config_from_args(args.config, args.set)
   settings = parse_settings(prog, args, ProbeSettings)
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
+  if args.checkpoint:
+    step, state, _ = checkpoint_eval.restore_run_state(
+        checkpoint_eval.resolve(args.checkpoint), config, state)
+    print(f'probing {args.checkpoint} at step {step}')
   ctl_settings = experiment.controller_settings(config)
   t0 = time.time()
   if args.prefixes and os.path.isfile(args.prefixes):

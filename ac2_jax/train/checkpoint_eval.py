@@ -59,6 +59,19 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
+def restore_run_state(source: Source, c: ml_collections.ConfigDict, state):
+  """(step, state, saved) of a workdir's checkpoint (`source.step`, or its latest), restored into
+  the layout of `state` (built from `c`, the run's config); saved: {'algorithm', 'host'}."""
+  if source.workdir is None:
+    raise ValueError(f'{source.path!r} is not a run: give a workdir or WORKDIR/checkpoints/<step>')
+  ckpt = checkpointing.Checkpointer(os.path.join(source.workdir, 'checkpoints'),
+                                    keep=c.checkpoints_kept)
+  try:
+    return ckpt.restore(state, source.step)
+  finally:
+    ckpt.close()
+
+
 def summarize(scores_PxN: np.ndarray, ks: tuple[int, ...], rng: np.random.Generator) -> dict:
   """mean@n, best-of-n (bootstrap), full marks and pass@k (mean over problems of the unbiased
   estimator, correct = full marks) of a problems x responses score matrix."""
@@ -100,12 +113,7 @@ def evaluate_checkpoint(path: str, *, config: ml_collections.ConfigDict | None =
   result = {'checkpoint': source.path, 'kind': source.kind, 'step': None,
             'decoding_flops_cum': None}
   if source.kind != 'hf':
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                      keep=c.checkpoints_kept)
-    try:
-      step, state, saved = ckpt.restore(state, source.step)  # saved: {'algorithm', 'host'}
-    finally:
-      ckpt.close()
+    step, state, saved = restore_run_state(source, c, state)
     result.update(step=int(step), decoding_flops_cum=float(saved['host']['flops_cum']))
   scores_PxN, _, _ = sample_scores(rt, state.params, jax.random.key(seed),
                                    num_problems=num_problems, num_responses=num_responses,
