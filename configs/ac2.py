@@ -43,7 +43,11 @@ AC2's score falls after step 20 on every seed while its critic trails the sharpe
 for the walk's warm start, off by default (BENCHMARKS.md, "The walk, session 7"):
 sft.critic_value_mistake_rate (critic examples valued by a sharper solver; did not make problems ready
 sooner) and sft.blind_fraction (the corpus moves at random on a share of the numbers; the warm start
-scores 0.35 at 0.4 with step mistakes 0.2, but RL finds those moves within 5-20 steps).
+scores 0.35 at 0.4 with step mistakes 0.2, but RL finds those moves within 5-20 steps). With
+`--config.actor.learning_rate=3e-5 --config.sampling.temperature=1.0` (seed 0, BENCHMARKS.md, "The
+walk, session 8") problems are ready from step 5, yet AC2 ends at 0.77-0.85 against Prefix GRPO's
+0.90: the critic's updates of the shared weights slow the actor (AC2 that is never ready ends where
+AC2 does), and at a critic rate low enough not to, the critic falls behind and readiness stalls.
 
 Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
 ac2_jax/train/bench_setting.py): `--config=configs/ac2.py:bench`, combinable with the variants.
