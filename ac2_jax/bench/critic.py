@@ -411,8 +411,11 @@ def main(argv: Sequence[str]) -> None:
   settings = parse_settings(prog, args, ProbeSettings)
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
   if args.checkpoint:
-    step, state, _ = checkpoint_eval.restore_run_state(
-        checkpoint_eval.resolve(args.checkpoint), config, state)
+    try:
+      source = checkpoint_eval.resolve(args.checkpoint)
+    except (FileNotFoundError, ValueError) as e:
+      raise SystemExit(f'{prog}: --checkpoint: {e}') from None
+    step, state, _ = checkpoint_eval.restore_run_state(source, config, state)
     print(f'probing {args.checkpoint} at step {step}')
   ctl_settings = experiment.controller_settings(config)
   t0 = time.time()
