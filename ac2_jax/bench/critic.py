@@ -413,6 +413,8 @@ def main(argv: Sequence[str]) -> None:
   if args.checkpoint:
     try:
       source = checkpoint_eval.resolve(args.checkpoint)
+      if source.workdir is None:
+        raise ValueError(f'{source.path!r} is not a run (a workdir or WORKDIR/checkpoints/<step>)')
     except (FileNotFoundError, ValueError) as e:
       raise SystemExit(f'{prog}: --checkpoint: {e}') from None
     step, state, _ = checkpoint_eval.restore_run_state(source, config, state)
