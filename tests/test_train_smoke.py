@@ -98,9 +98,14 @@ def _copy(state):
   return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), state)
 
 
+# Jitted: eagerly, the forward dispatches hundreds of small XLA programs, and one such run
+# aborted inside XLA on a loaded 2-core machine (an xdist worker died and the suite hung).
+_sequence_logprobs = jax.jit(updates.sequence_logprobs, static_argnums=(0, 3))
+
+
 def _masked_logprob(rt, params, batch) -> float:
-  logp = updates.sequence_logprobs(rt.model_config, params, batch.tokens_BxT,
-                                   rt.update_settings.temperature)
+  logp = _sequence_logprobs(rt.model_config, params, batch.tokens_BxT,
+                            rt.update_settings.temperature)
   return float(jnp.sum(logp * batch.loss_mask_BxT))
 
 
@@ -117,8 +122,8 @@ def test_actor_update_moves_toward_the_advantage(built, sign):
                              entropies_N=np.ones(len(new), np.float32), stop_reason='eos',
                              advantage=sign, weight=1.0))
   batch = rows_lib.actor_batch(rt, rows)
-  old = updates.sequence_logprobs(rt.model_config, state.params, batch.tokens_BxT,
-                                  rt.update_settings.temperature)
+  old = _sequence_logprobs(rt.model_config, state.params, batch.tokens_BxT,
+                           rt.update_settings.temperature)
   batch = batch.replace(old_logprobs_BxT=old)  # ratio 1: the clip is not active
   before = _masked_logprob(rt, state.params, batch)
   moved, metrics = rt.actor_step(_copy(state), batch, jnp.float32(0.28))
