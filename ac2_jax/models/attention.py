@@ -6,9 +6,9 @@ One masking rule serves training, prefill and decoding, the Pallas kernels and t
 `q_pos = arange(T)`, `kv_len = lengths`; decoding appends queries at per-row offsets into a
 preallocated cache.
 
-`xla_attention` is the production XLA path, not a second reference: it takes the value matmul in
-the values' dtype (bf16 in a bf16 run) where `kernels.reference.attention`, the float32 reference
-the kernels are tested against, upcasts; the two agree to that dtype's precision.
+`xla_attention` is the production XLA path: the body of `kernels.reference.attention` (one copy)
+with the value matmul in the values' dtype (bf16 in a bf16 run) where the float32 reference the
+kernels are tested against upcasts; the two agree to that dtype's precision.
 """
 
 from __future__ import annotations
@@ -16,29 +16,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.reference import visible_BxTxS
-
-
-def _probs(scores_BxKxGxTxS, q_pos_BxT, kv_len_B):
-  """Masked float32 softmax over the key slots."""
-  S = scores_BxKxGxTxS.shape[-1]
-  mask = visible_BxTxS(q_pos_BxT, kv_len_B, S)[:, None, None, :, :]
-  scores_BxKxGxTxS = jnp.where(mask, scores_BxKxGxTxS, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1)
-  # A query with no visible key (only on padded rows) gets a uniform row; zero it for hygiene.
-  return jnp.where(mask.any(-1, keepdims=True), probs, 0.0)
+from kernels import reference
 
 
 def xla_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B):
   """Grouped-query attention in plain jnp (float32 softmax), the `attention_impl='xla'` path."""
-  B, T, H, D = q_BxTxHxD.shape
-  K = k_BxSxKxD.shape[2]
-  q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, H // K, D)
-  scores_BxKxGxTxS = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxD, k_BxSxKxD,
-                                preferred_element_type=jnp.float32) * (D ** -0.5)
-  probs = _probs(scores_BxKxGxTxS, q_pos_BxT, kv_len_B)
-  out_BxTxKxGxD = jnp.einsum('bkgts,bskd->btkgd', probs.astype(v_BxSxKxD.dtype), v_BxSxKxD)
-  return out_BxTxKxGxD.reshape(B, T, H, D)
+  return reference.attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B,
+                             value_dtype=v_BxSxKxD.dtype)
 
 
 def xla_cached_attention(q_BxTxHxD, k_BxKxDxS, v_BxKxSxD, q_pos_BxT, kv_len_B):
@@ -53,7 +37,8 @@ def xla_cached_attention(q_BxTxHxD, k_BxKxDxS, v_BxKxSxD, q_pos_BxT, kv_len_B):
   q_BxKxMxD = q_BxTxHxD.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
   scores_BxKxMxS = jnp.einsum('bkmd,bkds->bkms', q_BxKxMxD, k_BxKxDxS,
                               preferred_element_type=jnp.float32) * (D ** -0.5)
-  probs_BxKxGxTxS = _probs(scores_BxKxMxS.reshape(B, K, G, T, S), q_pos_BxT, kv_len_B)
+  probs_BxKxGxTxS = reference.masked_softmax(scores_BxKxMxS.reshape(B, K, G, T, S),
+                                             reference.visible_BxTxS(q_pos_BxT, kv_len_B, S))
   out_BxKxMxD = jnp.einsum('bkms,bksd->bkmd',
                            probs_BxKxGxTxS.reshape(B, K, G * T, S).astype(v_BxKxSxD.dtype),
                            v_BxKxSxD)
