@@ -5,6 +5,7 @@
   python launch/bench.py decode_profile   # where one decode step's time goes, by group
   python launch/bench.py train        # actor and critic updates of tiny and small vs the matmul
                                       # peak, and what bounds them
+  python launch/bench.py steps        # whole AC2, Prefix GRPO and GRPO steps by phase, in turn
   python launch/bench.py kernels      # Pallas attention vs XLA attention (needs a GPU)
   python launch/bench.py controller   # plan + observe of a paper-sized AC2 step
   python launch/bench.py judge        # HTTP judge grades/s against a local 50 ms server
@@ -24,6 +25,8 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import decode_profile as bench
   elif name == 'train':
     from ac2_jax.bench import train as bench
+  elif name == 'steps':
+    from ac2_jax.bench import steps as bench
   elif name == 'kernels':
     from ac2_jax.bench import kernels as bench
   elif name == 'controller':
@@ -37,7 +40,7 @@ def _run(name: str, argv: list[str]) -> None:
   elif name == 'critic_update':
     from ac2_jax.bench import critic_update as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, train, '
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, train, steps, '
                      'kernels, controller, judge, critic, critic_exact or critic_update')
   bench.main(argv)
 

@@ -48,3 +48,37 @@ def test_update_groups_name_the_part_of_the_step():
   assert group('jit(actor_update)/transpose(jvp(Decoder))/lm_head/dot_general') == 'matmuls'
   assert group('jit(actor_update)/transpose(jvp())/pad') == 'loss'
   assert group('jit(actor_update)/mul') == 'optimizer'
+
+
+def test_steps_medians_leave_out_step_1_and_ratios_are_to_the_first_method():
+  from ac2_jax.bench import steps
+  def record(step_time, generate, actor, tokens):
+    return {'step_time': step_time, 'time/generate': generate, 'time/actor': actor,
+            'tokens_generated': tokens, 'decoding_flops': 10.0 * tokens}
+  records = {'ac2': [record(50.0, 40.0, 9.0, 1), record(3.0, 1.0, 2.0, 10),
+                     record(5.0, 2.0, 3.0, 30), record(4.0, 1.5, 2.5, 20)],
+             'grpo': [record(30.0, 25.0, 5.0, 1), record(2.0, 1.0, 1.0, 40),
+                      record(2.0, 1.0, 1.0, 40)]}
+  medians = steps.phase_medians(records['ac2'])
+  assert medians == {'step_time': 4.0, 'time/actor': 2.5, 'time/generate': 1.5,
+                     'tokens_generated': 20.0, 'decoding_flops': 200.0}
+  lines = steps.table(records).splitlines()
+  assert lines[0].split()[-3:] == ['ratio', 'to', 'ac2']
+  row = {line[:26].strip(): line[26:].split() for line in lines[1:]}
+  assert row['step (median of 2..N)'] == ['4.00', '2.00', '0.50x']
+  assert row['actor'] == ['2.50', '1.00', '0.40x']
+  assert row['step 1 (compiles)'] == ['50.00', '30.00']
+  assert row['tokens_generated / step'] == ['20', '40']
+
+
+def test_steps_methods_must_share_the_warm_start():
+  import pytest
+  from ac2_jax.bench import steps
+  from ac2_jax.train import compare
+  ac2 = steps.method_config('ac2:no_audit', '', 3, ['sampling.temperature=1.0'])
+  assert ac2.seed == 3 and ac2.sampling.temperature == 1.0 and ac2.controller.no_audit
+  grpo = steps.method_config('grpo', '', 3, ['sampling.temperature=1.0'])
+  compare.check_shared_warm_start({'ac2': ac2, 'grpo': grpo})
+  other = steps.method_config('grpo', '', 3, ['sft.steps=7'])
+  with pytest.raises(ValueError, match=r"grpo differs from ac2 in \['sft.steps'\]"):
+    compare.check_shared_warm_start({'ac2': ac2, 'grpo': other})

@@ -128,8 +128,16 @@ def is_finished(workdir: str, num_steps: int) -> bool:
     return json.load(f).get('last_step', -1) >= num_steps
 
 
-def _warm_start_view(c: ml_collections.ConfigDict) -> dict:
-  return {k: c[k].to_dict() for k in WARM_START_SECTIONS}
+def check_shared_warm_start(configs: Mapping[str, ml_collections.ConfigDict],
+                            what: str = '') -> None:
+  """Raises ValueError unless every config agrees on the sections a warm start depends on."""
+  views = {name: {k: c[k].to_dict() for k in WARM_START_SECTIONS} for name, c in configs.items()}
+  first_name, first = next(iter(views.items()))
+  for name, view in views.items():
+    if view != first:
+      keys = sorted(f'{k}.{x}' for k in view for x in view[k] if view[k][x] != first[k].get(x))
+      raise ValueError(f'{name}{what} differs from {first_name} in {keys}: the methods of a seed '
+                       'share one warm start')
 
 
 def warm_start(c: ml_collections.ConfigDict, root: str, seed: int, log=print) -> tuple[str, str]:
@@ -149,13 +157,7 @@ def run_all(s: CompareSettings, log=print) -> list[dict]:
   methods = [parse_method(m) for m in s.methods]
   plan = [(m, seed, run_config(s, m, seed)) for seed in s.run_seeds for m in methods]
   for seed in s.run_seeds:  # one warm start per seed: its methods must agree on what it reads
-    views = {m.spec: _warm_start_view(c) for m, sd, c in plan if sd == seed}
-    first = next(iter(views.values()))
-    for spec, view in views.items():
-      if view != first:
-        keys = sorted(f'{k}.{x}' for k in view for x in view[k] if view[k][x] != first[k].get(x))
-        raise ValueError(f'{spec} (seed {seed}) differs from {methods[0].spec} in {keys}: the '
-                         f'methods of a seed share one warm start')
+    check_shared_warm_start({m.spec: c for m, sd, c in plan if sd == seed}, f' (seed {seed})')
   os.makedirs(s.root, exist_ok=True)
   warm: dict[int, tuple[str, str]] = {}
   done, started = [], time.monotonic()
