@@ -62,11 +62,11 @@ def test_steps_medians_leave_out_step_1_and_ratios_are_to_the_first_method():
   medians = steps.phase_medians(records['ac2'])
   assert medians == {'step_time': 4.0, 'time/actor': 2.5, 'time/generate': 1.5,
                      'tokens_generated': 20.0, 'decoding_flops': 200.0}
-  lines = steps.table(records).splitlines()
-  assert lines[0].split()[-3:] == ['ratio', 'to', 'ac2']
+  lines = steps.table(records, 'grpo').splitlines()
+  assert lines[0].split()[-3:] == ['/', 'grpo:', 'ac2']
   row = {line[:26].strip(): line[26:].split() for line in lines[1:]}
-  assert row['step (median of 2..N)'] == ['4.00', '2.00', '0.50x']
-  assert row['actor'] == ['2.50', '1.00', '0.40x']
+  assert row['step (median of 2..N)'] == ['4.00', '2.00', '2.00x']
+  assert row['actor'] == ['2.50', '1.00', '2.50x']
   assert row['step 1 (compiles)'] == ['50.00', '30.00']
   assert row['tokens_generated / step'] == ['20', '40']
 
@@ -82,3 +82,15 @@ def test_steps_methods_must_share_the_warm_start():
   other = steps.method_config('grpo', '', 3, ['sft.steps=7'])
   with pytest.raises(ValueError, match=r"grpo differs from ac2 in \['sft.steps'\]"):
     compare.check_shared_warm_start({'ac2': ac2, 'grpo': other})
+
+
+def test_compile_clock_counts_a_compilation_and_not_a_cached_call():
+  import jax
+  import jax.numpy as jnp
+  from ac2_jax.bench import steps
+  clock = steps.CompileClock()
+  f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.5)  # a new function: traced and compiled here
+  f(jnp.ones(5)).block_until_ready()
+  assert clock.lap() > 0
+  f(jnp.ones(5)).block_until_ready()
+  assert clock.lap() == 0.0
