@@ -57,16 +57,20 @@ def test_steps_medians_leave_out_step_1_and_ratios_are_to_the_first_method():
             'tokens_generated': tokens, 'decoding_flops': 10.0 * tokens}
   records = {'ac2': [record(50.0, 40.0, 9.0, 1), record(3.0, 1.0, 2.0, 10),
                      record(5.0, 2.0, 3.0, 30), record(4.0, 1.5, 2.5, 20)],
+             # a phase only AC2 has (the critic update) is still a row
              'grpo': [record(30.0, 25.0, 5.0, 1), record(2.0, 1.0, 1.0, 40),
                       record(2.0, 1.0, 1.0, 40)]}
   medians = steps.phase_medians(records['ac2'])
   assert medians == {'step_time': 4.0, 'time/actor': 2.5, 'time/generate': 1.5,
                      'tokens_generated': 20.0, 'decoding_flops': 200.0}
+  for i, r in enumerate(records['ac2']):
+    r['time/critic_update'] = float(i)
   lines = steps.table(records, 'grpo').splitlines()
   assert lines[0].split()[-3:] == ['/', 'grpo:', 'ac2']
   row = {line[:26].strip(): line[26:].split() for line in lines[1:]}
   assert row['step (median of 2..N)'] == ['4.00', '2.00', '2.00x']
   assert row['actor'] == ['2.50', '1.00', '2.50x']
+  assert row['critic_update'] == ['2.00', '0.00', '-']
   assert row['step 1 (compiles)'] == ['50.00', '30.00']
   assert row['tokens_generated / step'] == ['20', '40']
 

@@ -23,6 +23,7 @@ and decoding FLOPs per step; and each method's ratio to the baseline method, pha
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import time
@@ -121,12 +122,11 @@ def table(records: dict[str, list[dict]], baseline: str | None = None) -> str:
   lines = [f'{"":26s}' + ''.join(f'{s:>{width}s}' for s in medians)
            + f'   / {baseline}: ' + ' '.join(others)]
   for key in ('step_time', 'compile', 'step - compile', *phases):
-    if key not in base:
-      continue
     label = 'step (median of 2..N)' if key == 'step_time' else key.removeprefix('time/')
     values = [m.get(key, 0.0) for m in medians.values()]
-    ratios = ' '.join(f'{medians[s].get(key, 0.0) / base[key]:.2f}x' if base[key] else '-'
-                      for s in others)
+    # A ratio to a phase the baseline (nearly) does not have says nothing.
+    ratios = ' '.join(f'{medians[s].get(key, 0.0) / base[key]:.2f}x'
+                      if base.get(key, 0.0) >= 0.01 else '-' for s in others)
     lines.append(f'{label:26s}' + ''.join(f'{v:{width}.2f}' for v in values) + f'   {ratios}')
   first = [rs[0]['step_time'] for rs in records.values()]
   lines.append(f'{"step 1 (compiles)":26s}' + ''.join(f'{v:{width}.2f}' for v in first))
@@ -170,4 +170,8 @@ def main(argv: list[str]) -> None:
   print('seconds per step by phase (median over steps 2..N), per method:')
   baseline = args.baseline or ('prefix_grpo' if 'prefix_grpo' in specs else specs[0])
   print(table(records, baseline))
+  path = os.path.join(args.root, 'steps.json')
+  with open(path, 'w') as f:
+    json.dump(records, f, default=float)
+  print(f'every step\'s metrics: {path}')
   print('load average at the end ' + ' '.join(f'{x:.1f}' for x in os.getloadavg()))
