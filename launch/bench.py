@@ -3,6 +3,7 @@
   python launch/bench.py sampler      # our sampler vs transformers.generate, each in its own
                                       # process, against the machine's measured peaks
   python launch/bench.py decode_profile   # where one decode step's time goes, by group
+  python launch/bench.py decode_segments  # a long generation: cache grown in segments vs whole
   python launch/bench.py train        # actor and critic updates of tiny and small vs the matmul
                                       # peak, and what bounds them
   python launch/bench.py steps        # whole AC2, Prefix GRPO and GRPO steps by phase, in turn
@@ -23,6 +24,8 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import sampler as bench
   elif name == 'decode_profile':
     from ac2_jax.bench import decode_profile as bench
+  elif name == 'decode_segments':
+    from ac2_jax.bench import decode_segments as bench
   elif name == 'train':
     from ac2_jax.bench import train as bench
   elif name == 'steps':
@@ -40,8 +43,9 @@ def _run(name: str, argv: list[str]) -> None:
   elif name == 'critic_update':
     from ac2_jax.bench import critic_update as bench
   else:
-    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, train, steps, '
-                     'kernels, controller, judge, critic, critic_exact or critic_update')
+    raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, '
+                     'decode_segments, train, steps, kernels, controller, judge, critic, '
+                     'critic_exact or critic_update')
   bench.main(argv)
 
 

@@ -290,3 +290,33 @@ def test_compilations_only_per_bucket(params):
                  requests.bucket(int(eff.max()))))
   assert sampling.trace_count() - before == len(buckets)
   assert len(buckets) <= 4
+
+
+def test_segment_ends_double_up_to_max_new():
+  from ac2_jax.sampling import decode
+  assert decode.segment_ends(384) == [384]              # < 512 new tokens: one segment
+  assert decode.segment_ends(600) == [300, 600]
+  assert decode.segment_ends(51200) == [6400, 12800, 25600, 51200]   # at most 4
+  assert decode.segment_ends(96, first=12) == [12, 24, 48, 96]
+  assert decode.segment_ends(97, first=12) == [13, 25, 49, 97]
+  assert decode.segment_ends(96, first=0) == [96]
+
+
+def test_a_cache_grown_in_segments_decodes_the_same_tokens(params):
+  """The loop over a cache that grows 12 -> 24 -> 48 -> 96 new-token slots equals the loop over
+  all of them from the start: the slots the first segments leave out hold no keys yet."""
+  from ac2_jax.sampling import decode
+  contexts = make_contexts([3, 8, 15, 5])
+  packed = requests.pack(contexts, np.array([90, 40, 96, 7]), None, vocab_size=CONFIG.vocab_size,
+                         max_total_len=CONFIG.max_position_embeddings)
+  assert packed.max_new == 96
+  args = (params, KEY, *(jnp.asarray(x) for x in (
+      packed.contexts_BxP, packed.context_lengths_B, packed.caps_B, packed.row_ids_B)))
+  whole, grown = (decode.decode_batch(*args, config=CONFIG, settings=PLAIN, stop_ids=(),
+                                      max_new=packed.max_new, first_segment=first)
+                  for first in (0, 12))
+  np.testing.assert_array_equal(whole[0], grown[0])     # tokens
+  np.testing.assert_array_equal(whole[3], grown[3])     # counts: every row ran to its cap
+  assert np.asarray(grown[3])[:4].tolist() == [90, 40, 96, 7]
+  np.testing.assert_allclose(whole[1], grown[1], atol=1e-5)  # log-probs, entropies
+  np.testing.assert_allclose(whole[2], grown[2], atol=1e-5)

@@ -263,8 +263,13 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
       f'KV cache: {rows} rows x {P + C} tokens': rows * (P + C) * kv_per_token,
       'prefill MLP, one layer': 3 * rows * P * ffn * act,
   }
-  if m.attention_impl == 'xla':
-    memory['sampling']['prefill attention scores (xla), one layer'] = rows * heads * P * (P + C) * 4
+  if m.attention_impl == 'xla':  # the cache grows in segments (sampling/decode.py)
+    ends = decode.segment_ends(C)
+    memory['sampling']['prefill attention scores (xla), one layer'] = (
+        rows * heads * P * (P + ends[0]) * 4)
+    if len(ends) > 1:
+      memory['sampling'][f'KV cache of the last segment but one (xla), while the cache grows: '
+                         f'{P + ends[-2]} tokens'] = rows * (P + ends[-2]) * kv_per_token
 
   T = sampling.bucket(max(plan.sizes.prompt_tokens + plan.sizes.response_budget,
                           plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS))
