@@ -191,6 +191,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.max_policy_lag = 1     # k: a sample with a token more than k versions old is dropped
   # New tokens per generation call: an update reaches unfinished rollouts at their next segment.
   c.rollout.segment_tokens = 16
+  # Local devices per process that form the worker's rollout sub-mesh (async only): the training
+  # mesh (mesh.*) takes the rest, and the weights are copied across after every update. 0: the
+  # worker generates on the training mesh (one process only: on several, a process-local sub-mesh
+  # keeps the worker thread out of the training mesh's collectives).
+  c.rollout.devices = 0
 
   # The separate value-head critic of the value algorithms (learner/value_critic.py): the policy's
   # architecture and weights (or init_checkpoint's) with a scalar head; its own AdamW.
