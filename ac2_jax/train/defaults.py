@@ -183,7 +183,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.li2sao.min_steps = 20
   c.li2sao.max_steps = 40
 
-  # Where lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
+  # Where grpo, lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
   # 'async' runs a rollout worker thread (algorithms/inflight.py) that generates the next batch
   # while a step trains, one segment at a time under the weights published last.
   c.rollout = ml_collections.ConfigDict()

@@ -44,7 +44,7 @@ TASKS = ('builtin', 'walk', 'proofs')
 BUILTIN_TASKS = ('builtin', 'walk')
 ROLLOUT_MODES = ('sync', 'async')
 # Algorithms that can take their batches from the in-flight rollout worker (rollout.mode='async').
-ASYNC_ALGORITHMS = ('lisao', 'li2sao')
+ASYNC_ALGORITHMS = ('grpo', 'lisao', 'li2sao')
 DTYPES = ('float32', 'bfloat16')
 ATTENTION_IMPLS = ('xla', 'pallas')
 
@@ -221,7 +221,8 @@ def grpo_settings(c: ml_collections.ConfigDict) -> grpo_lib.GRPOSettings:
   with config_section('grpo'):
     settings = grpo_lib.GRPOSettings(
         problems_per_step=c.grpo.problems_per_step, group_size=c.grpo.group_size,
-        normalize_std=c.grpo.normalize_std, response_budget=c.controller.response_budget)
+        normalize_std=c.grpo.normalize_std, response_budget=c.controller.response_budget,
+        inflight=inflight_settings(c))
   if settings.group_size < 2:
     raise ConfigError(f'config.grpo.group_size must be >= 2, got {settings.group_size}: GRPO\'s '
                       'advantage is a reward minus its group\'s mean, so a group of one learns '
@@ -452,7 +453,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   if li2sao is not None:
     _check_li2sao_groups(c, li2sao)
   processes = jax.process_count()
-  sao = lisao or li2sao
+  sao = grpo or lisao or li2sao
   if sao is not None and sao.inflight and sao.problems_per_step % processes:
     raise ConfigError(f'config.{c.algorithm}.problems_per_step={sao.problems_per_step} must be a '
                       f"multiple of the {processes} processes with rollout.mode='async' (each "
