@@ -16,6 +16,7 @@ from ac2_jax.algorithms import inflight
 from ac2_jax.controller.inflight import CONTINUE, InflightPipeline, InflightSettings, Segment
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import value_rows
+from ac2_jax.rl import flops
 from ac2_jax.train import checkpointing, compare, experiment, loop, run_record
 from train_fixtures import (compile_cache, is_finite_number, length_credit_build_task,  # noqa: F401
                             load_config, read_records, tiny_config, train_base)
@@ -241,6 +242,9 @@ def test_a_paused_rollout_resumes_from_its_prefix_under_the_new_weights(train_ba
                        versions_N=np.asarray(r.versions)) for g in taken.groups for r in g]
   resumed = [r for r in rows if len(set(r.versions_N.tolist())) == 2]
   assert resumed  # some rollouts ran past the first segment
+  # Their segments counted the decoding FLOPs of one whole generation each.
+  assert worker.flops == sum(flops.decoding_flops(rt.model_config, len(r.context_P), len(r.new_N))
+                             for r in rows)
   recomputed = {v: value_rows.read_logprobs(rt, params[v], rows) for v in ('A', 'B')}
   for i, r in enumerate(rows):
     n0 = int((r.versions_N == 0).sum())

@@ -41,6 +41,7 @@ from ac2_jax.controller.inflight import (InflightPipeline, InflightSettings, Rol
                                         Taken)
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner.runtime import Runtime
+from ac2_jax.rl import flops as flops_lib
 
 # (params, rollouts, key) -> (one Segment per rollout, decoding FLOPs)
 Generate = Callable[[object, Sequence[Rollout], jax.Array], tuple[list[Segment], float]]
@@ -48,16 +49,22 @@ Generate = Callable[[object, Sequence[Rollout], jax.Array], tuple[list[Segment],
 
 def sampler_segments(rt: Runtime, settings: InflightSettings) -> Generate:
   """The real generation call: each rollout continues from prompt + its tokens so far, for at most
-  `segment_tokens` new tokens within its remaining budget; on the rollout sub-mesh if any."""
+  `segment_tokens` new tokens within its remaining budget; on the rollout sub-mesh if any. A
+  rollout's segments count the decoding FLOPs of its one whole generation
+  (`flops_lib.continuation_flops`)."""
   on = rt if rt.rollout_mesh is None else dataclasses.replace(rt, mesh=rt.rollout_mesh)
 
   def generate(params, rollouts: Sequence[Rollout], key: jax.Array):
     remaining = [r.remaining for r in rollouts]
-    rows, flops = rows_lib.generate_rows(
+    rows, _ = rows_lib.generate_rows(
         on, params, [r.context_P for r in rollouts], [len(r.tokens) for r in rollouts],
         [r.problem_index for r in rollouts], [min(settings.segment_tokens, n) for n in remaining],
         remaining, key, rt.train_sampling)
-    return [Segment(r.new_N, r.logprobs_N, r.entropies_N, r.stop_reason) for r in rows], flops
+    cost = flops_lib.continuation_flops(
+        rt.model_config, np.array([len(r.prompt_P) for r in rollouts]),
+        np.array([len(r.tokens) for r in rollouts]), np.array([len(row.new_N) for row in rows]))
+    return ([Segment(r.new_N, r.logprobs_N, r.entropies_N, r.stop_reason) for r in rows],
+            float(np.sum(cost)))
   return generate
 
 
