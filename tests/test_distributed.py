@@ -253,7 +253,8 @@ def test_two_process_checkpoint_resumes_in_one_process(runs):
 def test_process_zero_judge_shared_files_stop_flag_and_global_batches(tmp_path):
   """Without a model: the judge is called once per request (by process 0) and every process gets
   its grades; files are prepared by process 0 first; a stop request on one process stops all;
-  each device holds its rows of a batch."""
+  each device holds its rows of a batch; asynchronous configs need a rollout sub-mesh and a batch
+  that splits over the processes."""
   counter = iter(range(1000))
 
   def reply(request):  # a judge that never answers the same twice
@@ -276,6 +277,11 @@ def test_process_zero_judge_shared_files_stop_flag_and_global_batches(tmp_path):
     assert r['global_shape'] == [16, 3] and not r['fully_addressable'] and r['shards_ok']
     assert r['sum'] == 2.0 * sum(range(48))
     assert r['stop'] is True
+    no_split, uneven, split = r['async_configs']
+    assert ("config.rollout.mode='async' on 2 processes needs config.rollout.devices >= 1"
+            in no_split)
+    assert 'config.li2sao.problems_per_step=3 must be a multiple of the 2 processes' in uneven
+    assert split == 'training mesh (1, 6, 1)'  # 8 devices less one rollout device per process
 
 
 def test_partial_multi_process_flags_are_an_error(tmp_path):
