@@ -309,9 +309,13 @@ def test_li2sao_async_switch_trains_the_prefetched_group_batch_then_singletons(
   assert ('training mesh: 6 devices (ids [0, 1, 2, 3, 4, 5]); rollout sub-mesh of each process: '
           '2 local devices (here ids [6, 7])') in lines
   records = read_records(str(tmp_path))
-  # The worker's copy of the weights after step 3 is the trained state's (its checkpoint).
-  rt, _, state = experiment.build(tiny_config(train_base, 'li2sao', **_small('li2sao')),
-                                  str(tmp_path), log=lambda *_: None)
+  # The train state lives on the training devices only; the worker's copy of the weights after
+  # step 3 is the trained state's (its checkpoint).
+  rt, _, state = experiment.build(
+      tiny_config(train_base, 'li2sao', **_small('li2sao', rollout__devices=2)), str(tmp_path),
+      log=lambda *_: None)
+  assert {d.id for x in jax.tree.leaves(state) for d in x.devices()} == set(range(6))
+  assert {d.id for d in rt.rollout_mesh.devices.flat} == {6, 7}
   ckpt = checkpointing.Checkpointer(str(tmp_path / 'checkpoints'))
   restored = ckpt.restore(state, step=3)[1]
   ckpt.close()

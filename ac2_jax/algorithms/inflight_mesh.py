@@ -16,19 +16,21 @@ collectives issued in different orders by two threads can deadlock under the CPU
 collective backends. On a process-local sub-mesh generation needs no collective with another
 process: the worker thread never takes part in the SPMD order. The cross-process work (the weight
 gather, the agreement below, the exchange of rollouts) runs on the trainer's thread, at the same
-points of every process's program.
+points of every process's program. (JAX's multihost_utils collectives span every device, the
+rollout devices included; a generation call running there can delay such a collective, never
+block it, since it waits on no other process.)
 
 Why the take is agreed. Each process's worker generates its own share of a batch (rows / P of
 them, drawn with its own problem stream and key), and how far it got when the trainer asks for a
 batch differs per process. The batch every process trains on must be the same, so a take is
 agreed: each process checks, without blocking, whether its share is finished
-(`RolloutWorker.poll`, which keeps the share once taken); then the processes gather every
-process's (finished, failed) flags. The decision is a function of the gathered flags, the same on
+(`RolloutWorker.poll`; a share once taken is held until the others have theirs); then the
+processes gather every process's (finished, failed) flags. The decision is a function of the gathered flags, the same on
 every process, so all leave the polling loop at the same round (and all raise when any worker
 failed, rather than leaving the others waiting in a collective). Then every process's share is
 gathered in process order: each process holds the same batch, tokens, log-probabilities,
-entropies, per-token versions and stop reasons, and its drop counts, FLOPs and generation time
-are summed.
+entropies, per-token versions and stop reasons; drop counts and FLOPs are summed over the
+processes, generation seconds averaged.
 
 What could differ between processes: only when a share was finished, which changes how much
 the worker generated ahead (the next batch), never what the trainer trains on. With one process
