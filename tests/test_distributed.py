@@ -4,7 +4,9 @@ against 1 process x 8 devices, from the real launcher (launch/tpu_run.py).
 Run A: one process, 8 devices, 3 steps. Run B: two processes, 4 devices each, 2 steps, at the same
 time as A. Then: B's metrics and parameters after two steps equal A's; both of B's processes
 computed the same steps; B's checkpoint (written by two processes) resumes in one process, and its
-third step equals A's. A one-layer model and the built-in task at tiny sizes keep compilation short.
+third step equals A's. Run C: asynchronous Li2SAO on two processes, each with a rollout sub-mesh of
+2 of its 4 devices beside a training mesh of the other 4, 3 steps through the switch. A one-layer
+model and the built-in task at tiny sizes keep compilation short.
 """
 
 from __future__ import annotations
