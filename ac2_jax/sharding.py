@@ -66,6 +66,30 @@ def make_mesh(config: MeshConfig, devices: Optional[Sequence[jax.Device]] = None
   return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
 
 
+def split_rollout_devices(per_process: int) -> tuple[list[jax.Device], list[jax.Device]]:
+  """(training devices, this process's rollout devices): the last `per_process` local devices of
+  every process (by id) form the rollout sub-mesh of that process; the rest of all processes'
+  devices form the training mesh. The same answer on every process; (all devices, []) for 0."""
+  by_process: dict[int, list[jax.Device]] = {}
+  for d in sorted(jax.devices(), key=lambda d: d.id):
+    by_process.setdefault(d.process_index, []).append(d)
+  smallest = min(len(ds) for ds in by_process.values())
+  if not 0 <= per_process < smallest:
+    raise ValueError(f'{per_process} rollout devices per process must leave training devices on '
+                     f'every process (each has {smallest}): use 0..{smallest - 1}')
+  if not per_process:
+    return list(jax.devices()), []
+  rollout = {p: ds[len(ds) - per_process:] for p, ds in by_process.items()}
+  training = [d for d in jax.devices() if d not in rollout[d.process_index]]
+  return training, rollout[jax.process_index()]
+
+
+def rollout_mesh(devices: Sequence[jax.Device]) -> Mesh:
+  """A process-local rollout sub-mesh: rows over 'data', parameters replicated (fsdp = tensor = 1),
+  so generating on it needs no collective with another process."""
+  return make_mesh(MeshConfig(data=len(devices), fsdp=1, tensor=1), devices)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
   """Leaves whose path ends with `pattern` get `spec` (one entry per array dimension)."""

@@ -11,6 +11,10 @@ Argument `walk`: the built-in walk task instead of the chain (ac2_jax/tasks/walk
 defaults.walk_task).
 Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
 ac2_jax/train/bench_setting.py).
+Argument `async`: in-flight asynchronous rollouts (rollout.*; algorithms/inflight.py): a worker
+thread generates the next batch of groups while a step trains; the PPO-clipped ratio is taken
+against each token's log-probability stored when it was sampled. UNMEASURED (one-step smoke test
+only).
 """
 
 from ac2_jax.train import defaults
@@ -23,7 +27,9 @@ def get_config(arg: str = ''):
   c = defaults.apply_shared_arguments(c, parts)
   if 'std' in parts:
     c.grpo.normalize_std = True
-  unknown = set(parts) - {*defaults.SHARED_ARGUMENTS, 'std'}
+  if 'async' in parts:
+    c.rollout.mode = 'async'
+  unknown = set(parts) - {*defaults.SHARED_ARGUMENTS, 'std', 'async'}
   if unknown:
     raise ValueError(f'unknown GRPO config arguments {sorted(unknown)}')
   return c

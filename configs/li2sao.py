@@ -11,7 +11,8 @@ LiSAO's GAE with the per-trajectory lambda and absolute return targets. DIS acto
 
 Synchronous by default (each step samples, then trains), so the first step after the gate opens
 samples single responses; `async`: a rollout worker thread generates the next batch while a step
-trains (rollout.*), and the batch prefetched when the gate opens is still trained as groups, its
+trains (rollout.*; rollout.devices local devices per process form its rollout sub-mesh, required
+on several processes), and the batch prefetched when the gate opens is still trained as groups, its
 leftovers dropped, before single responses follow.
 
 CPU, built-in task, `tiny` model (SFT warm start included):

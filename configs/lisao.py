@@ -6,7 +6,9 @@ loss on the log-probabilities stored at sampling (band lisao.dis_low..dis_high).
 
 Synchronous by default (each step samples, then trains); `async`: a rollout worker thread
 generates the next batch while a step trains (rollout.*: in-flight weight updates between segments
-of rollout.segment_tokens, samples more than rollout.max_policy_lag versions old dropped).
+of rollout.segment_tokens, samples more than rollout.max_policy_lag versions old dropped;
+rollout.devices local devices per process form the worker's rollout sub-mesh, required on several
+processes).
 
 CPU, built-in task, `tiny` model (SFT warm start included):
   python launch/tpu_run.py --config=configs/lisao.py --workdir=/tmp/lisao_run

@@ -4,10 +4,12 @@
 
 Starts JAX's runtime, then exercises what train/distributed.py promises, printing one JSON line:
 files prepared under `main_process_first`, the process-0 judge with broadcast grades, a stop flag
-raised on one process only (`any_process`), and a host batch placed with `sharding.put_batch`
-(each device must hold its own rows of the global batch).
+raised on one process only (`any_process`), a host batch placed with `sharding.put_batch`
+(each device must hold its own rows of the global batch), and how `experiment.validate` judges
+asynchronous Li2SAO configs on 2 processes.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -49,11 +51,27 @@ def main(coordinator: str, num_processes: str, process_id: str, shared_dir: str,
   replicated = jax.sharding.NamedSharding(mesh, P())
   total = jax.jit(lambda b: b['scale'] * b['rows_BxT'].sum(), out_shardings=replicated)(batch)
 
+  # In-flight rollouts on several processes: a process-local rollout sub-mesh is required, and a
+  # batch must split over the processes.
+  from ac2_jax.train import experiment
+  spec = importlib.util.spec_from_file_location('configs_li2sao', os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'li2sao.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  async_configs = []
+  for devices, problems in ((0, 16), (1, 3), (1, 16)):
+    c = module.get_config('async')
+    c.rollout.devices, c.li2sao.problems_per_step, c.actor.minibatches = devices, problems, 1
+    try:
+      async_configs.append(f'training mesh {experiment.validate(c).mesh_shape}')
+    except experiment.ConfigError as e:
+      async_configs.append(str(e))
+
   print(json.dumps({
       'started': started, 'process': jax.process_index(), 'prepared': prepared,
       'points': [g.points for g in grades], 'global_shape': list(batch['rows_BxT'].shape),
       'fully_addressable': batch['rows_BxT'].is_fully_addressable, 'shards_ok': shards_ok,
-      'sum': float(total), 'stop': stop}), flush=True)
+      'sum': float(total), 'stop': stop, 'async_configs': async_configs}), flush=True)
 
 
 if __name__ == '__main__':

@@ -16,7 +16,8 @@ from ac2_jax.algorithms import inflight
 from ac2_jax.controller.inflight import CONTINUE, InflightPipeline, InflightSettings, Segment
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import value_rows
-from ac2_jax.train import compare, experiment, loop, run_record
+from ac2_jax.rl import flops
+from ac2_jax.train import checkpointing, compare, experiment, loop, run_record
 from train_fixtures import (compile_cache, is_finite_number, length_credit_build_task,  # noqa: F401
                             load_config, read_records, tiny_config, train_base)
 
@@ -154,13 +155,11 @@ def test_worker_errors_reach_the_trainer():
 
 
 def test_async_config_arguments_and_validation():
-  for name in ('lisao', 'li2sao'):
+  for name in ('grpo', 'lisao', 'li2sao'):
     s = experiment.validate(load_config(name, 'async'), num_devices=8)
-    settings = s.lisao or s.li2sao
-    assert settings.inflight == InflightSettings(max_policy_lag=1, segment_tokens=16,
-                                                 response_budget=80)
-    assert (experiment.validate(load_config(name), num_devices=8).lisao or
-            experiment.validate(load_config(name), num_devices=8).li2sao).inflight is None
+    assert getattr(s, name).inflight == InflightSettings(max_policy_lag=1, segment_tokens=16,
+                                                         response_budget=80)
+    assert getattr(experiment.validate(load_config(name), num_devices=8), name).inflight is None
   c = load_config('ppo')
   c.rollout.mode = 'async'
   with pytest.raises(experiment.ConfigError, match="rollout.mode='async' needs algorithm in"):
@@ -179,12 +178,35 @@ def test_async_config_arguments_and_validation():
   assert run_record.differences(stored, load_config('lisao', 'async').to_dict()) == [
       "rollout.mode ('sync' -> 'async')"]
   assert compare.parse_method('li2sao:async').config_arg('bench') == 'bench,async'
+  # The rollout sub-mesh: its devices come out of the training mesh's.
+  c = load_config('li2sao', 'async')
+  c.rollout.devices = 2
+  s = experiment.validate(c, num_devices=8)
+  assert s.rollout_devices == 2 and s.mesh_shape == (1, 6, 1)
+  c.mesh.fsdp, c.mesh.tensor = 4, 2
+  with pytest.raises(experiment.ConfigError, match=r'config.mesh: .*6 training devices beside 2 '
+                     'rollout devices per process'):
+    experiment.validate(c, num_devices=8)
+  for devices, error in ((8, r'config.rollout.devices=8 leaves no training device: each process '
+                             r'has 8 devices \(use 0..7\)'),
+                         (-1, 'config.rollout.devices must be an integer >= 0, got -1')):
+    c = load_config('li2sao', 'async')
+    c.rollout.devices = devices
+    with pytest.raises(experiment.ConfigError, match=error):
+      experiment.validate(c, num_devices=8)
+  c = load_config('li2sao')
+  c.rollout.devices = 1
+  with pytest.raises(experiment.ConfigError, match=r"config.rollout.devices=1 needs "
+                     r"rollout.mode='async'"):
+    experiment.validate(c, num_devices=8)
+  assert run_record.differences(stored, load_config('lisao').to_dict()) == []
 
 
 # --- The tiny model ------------------------------------------------------------------------------
 
 BUDGET = 16
-SIZES = {'lisao': {'lisao__problems_per_step': 8},
+SIZES = {'grpo': {'grpo__problems_per_step': 4, 'grpo__group_size': 2},
+         'lisao': {'lisao__problems_per_step': 8},
          'li2sao': {'li2sao__problems_per_step': 4, 'li2sao__group_size': 2}}
 
 
@@ -220,6 +242,9 @@ def test_a_paused_rollout_resumes_from_its_prefix_under_the_new_weights(train_ba
                        versions_N=np.asarray(r.versions)) for g in taken.groups for r in g]
   resumed = [r for r in rows if len(set(r.versions_N.tolist())) == 2]
   assert resumed  # some rollouts ran past the first segment
+  # Their segments counted the decoding FLOPs of one whole generation each.
+  assert worker.flops == sum(flops.decoding_flops(rt.model_config, len(r.context_P), len(r.new_N))
+                             for r in rows)
   recomputed = {v: value_rows.read_logprobs(rt, params[v], rows) for v in ('A', 'B')}
   for i, r in enumerate(rows):
     n0 = int((r.versions_N == 0).sum())
@@ -231,22 +256,36 @@ def test_a_paused_rollout_resumes_from_its_prefix_under_the_new_weights(train_ba
   assert np.abs(after - under_a).mean() > 0.1  # not what weights A would have given them
 
 
-def _train(train_base, workdir, monkeypatch, name, **extra):
+def _train(train_base, workdir, monkeypatch, name, log=lambda *_: None, **extra):
   monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
   c = tiny_config(train_base, name, **_small(name, **extra))
-  return loop.train(c, str(workdir), log=lambda *_: None)
+  return loop.train(c, str(workdir), log=log)
 
 
-def _check_async(record, max_lag=1):
+def _check_async(record, max_lag=1, critic=True):
   assert record['rows_trained'] == 8 and record['judge_failures'] == 0
   assert record['decoding_flops'] > 0 and record['tokens_generated'] > 0
   lags = [record[f'rollout/lag/{k}'] for k in range(max_lag + 1)]
   assert sum(lags) == pytest.approx(1.0) and 0.0 <= record['rollout/lag_mean'] <= max_lag
   assert record['rollout/dropped_samples'] == 0 and record['rollout/dropped_tokens'] == 0
-  assert 0.0 <= record['rollout/overlap'] <= 1.0
-  assert record['time/wait_rollouts'] >= 0 and record['critic/update_norm'] > 0
+  assert 0.0 <= record['rollout/overlap'] <= 1.0 and record['rollout/weights_square_sum'] > 0
+  assert record['time/wait_rollouts'] >= 0 and record['time/publish_weights'] >= 0
+  if critic:
+    assert record['critic/update_norm'] > 0
   for minibatch in ('actor1', 'actor2'):
     assert record[f'{minibatch}/update_norm'] > 0
+
+
+def test_grpo_async_step_through_loop_train(train_base, tmp_path, monkeypatch):
+  """GRPO on a batch of groups from the worker: group-normalised advantages, the PPO-clipped
+  ratio against the stored per-token log-probabilities (at step 1 all sampled by the initial
+  policy: the first minibatch's ratio is 1)."""
+  summary = _train(train_base, tmp_path, monkeypatch, 'grpo', num_steps=1)
+  assert summary.finished and summary.last_step == 1 and is_finite_number(summary.final_score)
+  record = read_records(str(tmp_path))[1]
+  _check_async(record, critic=False)
+  assert record['rollout/lag/0'] == 1.0 and 0.0 <= record['grpo/zero_variance_groups'] <= 1.0
+  assert record['actor1/ratio'] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_lisao_async_step_through_loop_train(train_base, tmp_path, monkeypatch):
@@ -261,11 +300,29 @@ def test_lisao_async_step_through_loop_train(train_base, tmp_path, monkeypatch):
 def test_li2sao_async_switch_trains_the_prefetched_group_batch_then_singletons(
     train_base, tmp_path, monkeypatch):
   """T_max = 1: the gate opens after step 1, while the worker already generates step 2's batch in
-  groups of 2; step 2 trains it as groups, and step 3 trains single responses."""
-  summary = _train(train_base, tmp_path, monkeypatch, 'li2sao', num_steps=3,
-                   li2sao__max_steps=1, li2sao__min_steps=1)
+  groups of 2; step 2 trains it as groups, and step 3 trains single responses. The worker
+  generates on a rollout sub-mesh of 2 of the 8 devices; the trainer's mesh has the other 6."""
+  lines = []
+  summary = _train(train_base, tmp_path, monkeypatch, 'li2sao', log=lines.append, num_steps=3,
+                   li2sao__max_steps=1, li2sao__min_steps=1, rollout__devices=2)
   assert summary.finished and summary.last_step == 3
+  assert ('training mesh: 6 devices (ids [0, 1, 2, 3, 4, 5]); rollout sub-mesh of each process: '
+          '2 local devices (here ids [6, 7])') in lines
   records = read_records(str(tmp_path))
+  # The train state lives on the training devices only; the worker's copy of the weights after
+  # step 3 is the trained state's (its checkpoint).
+  rt, _, state = experiment.build(
+      tiny_config(train_base, 'li2sao', **_small('li2sao', rollout__devices=2)), str(tmp_path),
+      log=lambda *_: None)
+  assert {d.id for x in jax.tree.leaves(state) for d in x.devices()} == set(range(6))
+  assert {d.id for d in rt.rollout_mesh.devices.flat} == {6, 7}
+  ckpt = checkpointing.Checkpointer(str(tmp_path / 'checkpoints'))
+  restored = ckpt.restore(state, step=3)[1]
+  ckpt.close()
+  assert records[3]['rollout/weights_square_sum'] == pytest.approx(
+      sum(float(np.sum(np.square(np.asarray(x, np.float64)))) for x in
+          jax.tree.leaves(restored.params)), rel=1e-5)
+  assert records[2]['rollout/weights_square_sum'] != records[3]['rollout/weights_square_sum']
   for step in (1, 2, 3):
     _check_async(records[step])
   assert records[1]['rollout/lag/0'] == 1.0

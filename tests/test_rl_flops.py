@@ -1,4 +1,5 @@
-"""Decoding FLOPs: the paper's Qwen3-4B coefficients, hand numbers, the mean-estimate identity."""
+"""Decoding FLOPs: the paper's Qwen3-4B coefficients, hand numbers, the mean-estimate identity, and
+the segments of one in-flight generation."""
 
 from fractions import Fraction
 
@@ -57,3 +58,27 @@ def test_mean_estimate_differs_by_exactly_nb_cov_plus_half_var():
   estimate = flops.mean_based_decoding_flops(c, n, float(p.mean()), float(g.mean()))
   assert abs(estimate - float(estimate_exact)) <= 1e-9 * float(estimate_exact)
   assert abs((total - estimate) - float(n * b * (cov + var / 2))) <= 1e-9 * total
+
+
+def test_segments_of_one_generation_count_it_whole():
+  """An in-flight response of g = 37 tokens after p = 100, generated in segments of 16, 16, 5:
+  its segments sum to F(p, g). Counted per call instead (each segment a request of p + G context
+  tokens), every segment after the first would drop its first token's decoding forward,
+  A + B (p + G): here two forwards fewer."""
+  c = get_config('qwen3_4b')
+  a, b = flops.coefficients(c)
+  p, segments = 100, [16, 16, 5]
+  starts = np.cumsum([0] + segments[:-1])             # G before each segment: 0, 16, 32
+  whole = flops.decoding_flops(c, p, sum(segments))
+  assert sum(flops.continuation_flops(c, p, int(g0), n) for g0, n in zip(starts, segments)) == whole
+  per_call = sum(flops.decoding_flops(c, p + int(g0), n) for g0, n in zip(starts, segments))
+  assert whole - per_call == (a + b * (p + 16)) + (a + b * (p + 32))
+  # Arrays (one entry per rollout of a call), an empty segment, and a first segment.
+  out = flops.continuation_flops(c, np.array([100, 100, 7]), np.array([16, 3, 0]),
+                                 np.array([16, 0, 4]))
+  assert out.dtype == np.float64
+  np.testing.assert_array_equal(out, [flops.decoding_flops(c, 100, 32) -
+                                      flops.decoding_flops(c, 100, 16), 0,
+                                      flops.decoding_flops(c, 7, 4)])
+  with pytest.raises(ValueError, match='done'):
+    flops.continuation_flops(c, 3, -1, 2)

@@ -15,19 +15,25 @@ lag histogram, samples whose tokens span several versions (resumed after an upda
 tokens dropped, the worker's generation time over the step's wall time (overlap), and the time the
 trainer waited for the batch.
 
+With a rollout sub-mesh (config rollout.devices; `Runtime.rollout_mesh`) the worker generates on
+its process's own rollout devices and the published weights are copied there; on several
+processes each worker generates its share of every batch and the processes agree on each take
+(algorithms/inflight_mesh.py says why and how).
+
 `RolloutWorker.run_once` is one loop iteration without the thread: tests drive it step by step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from ac2_jax.algorithms import inflight_mesh
 from ac2_jax.algorithms import timing
 from ac2_jax.algorithms import value_steps
 from ac2_jax.controller import rng as rng_lib
@@ -35,6 +41,7 @@ from ac2_jax.controller.inflight import (InflightPipeline, InflightSettings, Rol
                                         Taken)
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner.runtime import Runtime
+from ac2_jax.rl import flops as flops_lib
 
 # (params, rollouts, key) -> (one Segment per rollout, decoding FLOPs)
 Generate = Callable[[object, Sequence[Rollout], jax.Array], tuple[list[Segment], float]]
@@ -42,24 +49,33 @@ Generate = Callable[[object, Sequence[Rollout], jax.Array], tuple[list[Segment],
 
 def sampler_segments(rt: Runtime, settings: InflightSettings) -> Generate:
   """The real generation call: each rollout continues from prompt + its tokens so far, for at most
-  `segment_tokens` new tokens within its remaining budget."""
+  `segment_tokens` new tokens within its remaining budget; on the rollout sub-mesh if any. A
+  rollout's segments count the decoding FLOPs of its one whole generation
+  (`flops_lib.continuation_flops`)."""
+  on = rt if rt.rollout_mesh is None else dataclasses.replace(rt, mesh=rt.rollout_mesh)
 
   def generate(params, rollouts: Sequence[Rollout], key: jax.Array):
     remaining = [r.remaining for r in rollouts]
-    rows, flops = rows_lib.generate_rows(
-        rt, params, [r.context_P for r in rollouts], [len(r.tokens) for r in rollouts],
+    rows, _ = rows_lib.generate_rows(
+        on, params, [r.context_P for r in rollouts], [len(r.tokens) for r in rollouts],
         [r.problem_index for r in rollouts], [min(settings.segment_tokens, n) for n in remaining],
         remaining, key, rt.train_sampling)
-    return [Segment(r.new_N, r.logprobs_N, r.entropies_N, r.stop_reason) for r in rows], flops
+    cost = flops_lib.continuation_flops(
+        rt.model_config, np.array([len(r.prompt_P) for r in rollouts]),
+        np.array([len(r.tokens) for r in rollouts]), np.array([len(row.new_N) for row in rows]))
+    return ([Segment(r.new_N, r.logprobs_N, r.entropies_N, r.stop_reason) for r in rows],
+            float(np.sum(cost)))
   return generate
 
 
 class RolloutWorker:
   """The pipeline behind a lock, the published weights, and the thread that generates."""
 
-  def __init__(self, pipeline: InflightPipeline, generate: Generate, key: jax.Array):
+  def __init__(self, pipeline: InflightPipeline, generate: Generate, key: jax.Array,
+               rollout_mesh=None):
     self.pipeline = pipeline
     self._generate = generate
+    self.rollout_mesh = rollout_mesh  # where published weights go (None: a copy in place)
     self._key = key
     self._calls = 0
     self._cond = threading.Condition()
@@ -71,12 +87,14 @@ class RolloutWorker:
     self.flops = 0.0     # decoding FLOPs since the last take (dropped rollouts included)
     self.busy_s = 0.0    # generation seconds since the last take
 
-  def publish(self, params, version: int) -> None:
-    """Weights of policy `version` for the next segments (a copy: the trainer donates its own)."""
-    copy = jax.block_until_ready(jax.tree.map(jnp.copy, params))
+  def publish(self, params, version: int):
+    """Weights of policy `version` for the next segments (a copy: the trainer donates its own),
+    on the rollout sub-mesh if any; returns the copy."""
+    copy = inflight_mesh.rollout_params(params, self.rollout_mesh)
     with self._cond:
       self._params, self.version = copy, version
       self._cond.notify_all()
+    return copy
 
   def run_once(self) -> bool:
     """One segment of every unfinished rollout; False when there was nothing to generate."""
@@ -116,16 +134,28 @@ class RolloutWorker:
     """Blocks until `rows` finished rows are there; returns (taken, FLOPs, generation seconds)
     since the last take. With `next_group_size` the pipeline is reset to it in the same critical
     section (Li2SAO's switch: no group of the old size starts in between)."""
+    while True:
+      out = self.poll(rows, version, next_group_size)
+      if out is not None:
+        return out
+      self.wait()
+
+  def wait(self) -> None:
+    """Until the worker accepts a segment (or 0.05 s pass)."""
     with self._cond:
-      while True:
-        if self._error is not None:
-          raise RuntimeError('the rollout worker failed') from self._error
-        taken = self.pipeline.take(rows, version)
-        if taken is not None:
-          break
-        if self._thread is None:
-          raise RuntimeError('take: not enough finished rollouts and no worker thread running')
-        self._cond.wait(timeout=0.05)
+      if self._thread is None:
+        raise RuntimeError('take: not enough finished rollouts and no worker thread running')
+      self._cond.wait(timeout=0.05)
+
+  def poll(self, rows: int, version: int, next_group_size: int | None = None
+           ) -> tuple[Taken, float, float] | None:
+    """`take` without blocking: None while `rows` finished rows are not there."""
+    with self._cond:
+      if self._error is not None:
+        raise RuntimeError('the rollout worker failed') from self._error
+      taken = self.pipeline.take(rows, version)
+      if taken is None:
+        return None
       if next_group_size is not None and next_group_size != self.pipeline.group_size:
         self.pipeline.reset(next_group_size)
         samples, tokens = self.pipeline.pop_dropped()  # the leftovers, counted in this step
@@ -161,20 +191,32 @@ class InflightSource:
 
   def __init__(self, rt: Runtime, settings: InflightSettings, seed: int, group_size: int,
                rows: int, generate: Generate | None = None):
+    processes = jax.process_count()
+    if rows % (processes * group_size):
+      raise ValueError(f'in-flight rollouts on {processes} processes: each generates its share '
+                       f'of a batch in whole groups, so {rows} rows must split into groups of '
+                       f'{group_size} per process')
     self.rt, self.settings, self.seed = rt, settings, seed
     self.rows = rows
+    self.share = rows // processes  # this process's rows of each batch
     self.group_size = group_size
     self._generate = generate or sampler_segments(rt, settings)
     self.worker: RolloutWorker | None = None
     self._last_take = None
 
   def _start(self, params, step: int, group_size: int) -> None:
-    rng = rng_lib.generator(self.seed, 'inflight_problems', step)  # a resumed run draws anew
+    # A resumed run draws anew; each process draws its own problems and tokens.
+    process = jax.process_index()
+    rng = rng_lib.generator(self.seed, 'inflight_problems', step, process)
     pipeline = InflightPipeline(self.settings, self.rt.train_prompts,
                                 lambda: rng.integers(len(self.rt.train_records)),
-                                group_size, capacity=self.rows)
-    key = jax.random.fold_in(jax.random.key(self.seed), 0x1F1F + step)
-    self.worker = RolloutWorker(pipeline, self._generate, key)
+                                group_size, capacity=self.share)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), 0x1F1F + step),
+                             process)
+    mesh = self.rt.rollout_mesh
+    if mesh is not None:  # the worker thread's own computations stay on its devices
+      key = jax.device_put(key, mesh.devices.flat[0])
+    self.worker = RolloutWorker(pipeline, self._generate, key, mesh)
     self.worker.publish(params, step - 1)
     self.worker.start()
     self._last_take = time.perf_counter()
@@ -187,7 +229,9 @@ class InflightSource:
       self._start(state.params, step, next_group_size or self.group_size)
     version = step - 1
     with timer('wait_rollouts'):
-      taken, flops, busy = self.worker.take(self.rows, version, next_group_size)
+      taken, flops, busy = inflight_mesh.agreed_take(
+          self.worker, self.share, version, next_group_size, self.rt.train_prompts,
+          self.settings.response_budget)
     now = time.perf_counter()
     window, self._last_take = now - self._last_take, now
     n = len(taken.groups[0])
@@ -208,9 +252,12 @@ class InflightSource:
                'rollout/overlap': min(busy / window, 1.0) if window > 0 else None}
     return data, n, metrics
 
-  def publish(self, state, step: int) -> None:
-    """The weights after step `step` (policy version `step`) for the worker's next segments."""
-    self.worker.publish(state.params, step)
+  def publish(self, state, step: int, timer: timing.PhaseTimer) -> dict:
+    """The weights after step `step` (policy version `step`) for the worker's next segments;
+    returns their fingerprint as the worker holds them (`inflight_mesh.square_sum`)."""
+    with timer('publish_weights'):
+      copy = self.worker.publish(state.params, step)
+    return {'rollout/weights_square_sum': inflight_mesh.square_sum(copy)}
 
   def close(self) -> None:
     if self.worker is not None:

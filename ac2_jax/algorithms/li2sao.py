@@ -194,7 +194,7 @@ class Li2SAO(base.Algorithm):
     state, device = lisao.actor_critic_updates(rt, state, s, data, targets, masks, timer,
                                                warmup=False, groups=groups)
     if self.source is not None:
-      self.source.publish(state, step)
+      rollout_metrics.update(self.source.publish(state, step, timer))
     if boot is not None:
       self.gate.observe(step, boot.explained_variance, boot.ranking_accuracy)
     kept = np.concatenate(masks)

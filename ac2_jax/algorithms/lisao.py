@@ -173,7 +173,7 @@ class LiSAO(base.Algorithm):
     state, device = actor_critic_updates(rt, state, s, data, returns, model_masks(data), timer,
                                          warmup=warmup)
     if self.source is not None:
-      self.source.publish(state, step)
+      rollout_metrics.update(self.source.publish(state, step, timer))
     lengths = np.array([len(r.new_N) for r in data.rows])
     return state, value_steps.step_metrics(
         data, device, timer, entropy=value_steps.entropy(data), critic_warmup=float(warmup),

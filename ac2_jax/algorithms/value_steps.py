@@ -1,6 +1,6 @@
 """The stages PPO with GAE, PACT, LiSAO and Li2SAO share: fresh rollouts scored by the judge,
 V(s_t) reads of the separate value critic before any update, the critic updates and the critic's
-metrics.
+metrics (GRPO samples its synchronous batches with `sample` too).
 
   sample      problems_per_step fresh problems x responses_per_problem full responses, judged
   read        V(s_t) on every generated token, from the critic as it was before this step

@@ -78,6 +78,9 @@ class Runtime:
   # (value_params, tokens_BxT) -> head outputs at V(s_t)'s positions [B, T] (value_critic.link)
   value_logits: Callable | None = None
   policy_logprobs: Callable | None = None  # (params, tokens_BxT) -> log pi(token t) [B, T]
+  # The in-flight worker's sub-mesh: this process's rollout devices (sharding.rollout_mesh), none
+  # of `mesh`'s; None: the worker generates on `mesh`.
+  rollout_mesh: Mesh | None = None
 
   @property
   def valid_vocab_size(self) -> int:
@@ -110,7 +113,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                   max_sample_batch: int, actor_minibatches: int,
                   state: state_lib.TrainState, critic_readout: str = 'greedy',
                   value_settings: value_critic.ValueSettings | None = None,
-                  train_problems: int = 0) -> Runtime:
+                  train_problems: int = 0, rollout_mesh: Mesh | None = None) -> Runtime:
   """The runtime, with the actor and critic steps jitted for `state`'s shardings; with
   `value_settings` (and an `ActorCriticState`) also the value critic's update and reads.
 
@@ -165,7 +168,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       val_prompts=prompts(val_records),
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
       actor_step=jit(updates.actor_update), critic_step=critic_step,
-      critic_readout=critic_readout, value_settings=value_settings, **value_fns)
+      critic_readout=critic_readout, value_settings=value_settings, rollout_mesh=rollout_mesh,
+      **value_fns)
 
 
 def make_critic_step(update_settings: updates.UpdateSettings, state_shardings, batch, scalar

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from ac2_jax import sampling
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import value_critic
 from ac2_jax.learner.runtime import Runtime
+from ac2_jax.sampling import sampler
 
 
 def _per_row(rows: Sequence[rows_lib.Row], x_BxT) -> list[np.ndarray]:
-  """The generated-token entries of each row of a device [B, T] array, on the host."""
-  x = np.asarray(jax.device_get(x_BxT))
+  """The generated-token entries of each row of a device [B, T] array, on the host (its rows
+  gathered from every process when the batch spans several)."""
+  x = np.asarray(sampler.to_host(x_BxT, 'value_reads'))
   out = []
   for b, r in enumerate(rows):
     c = len(r.context_P)

@@ -17,6 +17,17 @@ key/value heads, D head dim, V vocabulary), counting a multiply-add as 2 FLOPs a
 Qwen3-4B (E 2560, F 9728, L 36, H 32, K 8, D 128, V 151936) gives A = 8,044,544,000 and B = 589,824,
 the paper's numbers (Eq. 6).
 Not counted: prefill, critic and judge calls, validation, training, elementwise work.
+
+Segments of one generation (in-flight rollouts, algorithms/inflight.py, generate a response in
+calls of a few tokens, each continuing from prompt + the tokens so far): counted as the one whole
+generation, F(p, g), never per call. Counted per call, a segment continuing after G new tokens
+would be a request of p + G context tokens, F(p + G, g_s), whose first token comes out of that
+call's prefill: each segment after the first would drop the decoding forward of its first token,
+A + B (p + G), so a response cut into S segments would count S - 1 forwards fewer than the same
+response generated at once (about 5% fewer for 50-70-token responses in 16-token segments). The
+segment boundaries are where weight updates may land, not decoding work saved (the re-prefill
+each one costs is real, uncounted work), so `continuation_flops` charges a segment
+F(p, G + g_s) - F(p, G), and the segments of a response sum to F(p, g) exactly.
 """
 
 from __future__ import annotations
@@ -57,6 +68,20 @@ def decoding_flops(config: ModelConfig, prompt_len, new_tokens):
   p = np.asarray(prompt_len, np.int64)
   m = np.maximum(np.asarray(new_tokens, np.int64) - 1, 0)
   return (a * m + b * (m * p + m * (m + 1) // 2)).astype(np.float64)
+
+
+def continuation_flops(config: ModelConfig, prompt_len, done, new_tokens):
+  """Decoding FLOPs that `new_tokens` more tokens add to a generation of `done` new tokens after a
+  prompt of `prompt_len`: F(p, done + new) - F(p, done), so a generation's segments sum to F(p, g)
+  (module docstring). Ints or arrays, as `decoding_flops`."""
+  _check_nonnegative('done', done)
+  _check_nonnegative('new_tokens', new_tokens)
+  if isinstance(done, (int, np.integer)) and isinstance(new_tokens, (int, np.integer)):
+    return (decoding_flops(config, prompt_len, int(done) + int(new_tokens))
+            - decoding_flops(config, prompt_len, int(done)))
+  done = np.asarray(done, np.int64)
+  return (decoding_flops(config, prompt_len, done + np.asarray(new_tokens, np.int64))
+          - decoding_flops(config, prompt_len, done))
 
 
 def total_decoding_flops(config: ModelConfig, prompt_lens, new_tokens) -> int:

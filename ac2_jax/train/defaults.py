@@ -183,7 +183,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.li2sao.min_steps = 20
   c.li2sao.max_steps = 40
 
-  # Where lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
+  # Where grpo, lisao and li2sao take their batches: 'sync' samples each step's batch, then trains;
   # 'async' runs a rollout worker thread (algorithms/inflight.py) that generates the next batch
   # while a step trains, one segment at a time under the weights published last.
   c.rollout = ml_collections.ConfigDict()
@@ -191,6 +191,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.max_policy_lag = 1     # k: a sample with a token more than k versions old is dropped
   # New tokens per generation call: an update reaches unfinished rollouts at their next segment.
   c.rollout.segment_tokens = 16
+  # Local devices per process that form the worker's rollout sub-mesh (async only): the training
+  # mesh (mesh.*) takes the rest, and the weights are copied across after every update. 0: the
+  # worker generates on the training mesh (one process only: on several, a process-local sub-mesh
+  # keeps the worker thread out of the training mesh's collectives).
+  c.rollout.devices = 0
 
   # The separate value-head critic of the value algorithms (learner/value_critic.py): the policy's
   # architecture and weights (or init_checkpoint's) with a scalar head; its own AdamW.

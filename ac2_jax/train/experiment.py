@@ -129,7 +129,13 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
     task, tok = build_task(c, workdir, tokenizer_dir)
   with distributed.main_process_first('initial_checkpoint'):
     checkpoint = initial_checkpoint(c, workdir, task, tok, log=log)
-  mesh = sharding.make_mesh(s.mesh)
+  training_devices, rollout_devices = sharding.split_rollout_devices(s.rollout_devices)
+  mesh = sharding.make_mesh(s.mesh, training_devices)
+  rollout_mesh = sharding.rollout_mesh(rollout_devices) if rollout_devices else None
+  if rollout_mesh is not None:
+    log(f'training mesh: {len(training_devices)} devices (ids '
+        f'{[d.id for d in training_devices]}); rollout sub-mesh of each process: '
+        f'{len(rollout_devices)} local devices (here ids {[d.id for d in rollout_devices]})')
   load = dict(mesh=mesh, dtype=c.model.dtype, attention_impl=c.model.attention_impl,
               pallas_backend=c.model.pallas_backend or None, remat=c.model.remat)
   try:
@@ -168,7 +174,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
-      value_settings=s.value, train_problems=c.task.rl_problems)
+      value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
 
   if c.algorithm == 'grpo':
     algorithm = grpo_lib.GRPO(rt, s.grpo, s.controller, c.seed)

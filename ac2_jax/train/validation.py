@@ -44,7 +44,7 @@ TASKS = ('builtin', 'walk', 'proofs')
 BUILTIN_TASKS = ('builtin', 'walk')
 ROLLOUT_MODES = ('sync', 'async')
 # Algorithms that can take their batches from the in-flight rollout worker (rollout.mode='async').
-ASYNC_ALGORITHMS = ('lisao', 'li2sao')
+ASYNC_ALGORITHMS = ('grpo', 'lisao', 'li2sao')
 DTYPES = ('float32', 'bfloat16')
 ATTENTION_IMPLS = ('xla', 'pallas')
 
@@ -221,7 +221,8 @@ def grpo_settings(c: ml_collections.ConfigDict) -> grpo_lib.GRPOSettings:
   with config_section('grpo'):
     settings = grpo_lib.GRPOSettings(
         problems_per_step=c.grpo.problems_per_step, group_size=c.grpo.group_size,
-        normalize_std=c.grpo.normalize_std, response_budget=c.controller.response_budget)
+        normalize_std=c.grpo.normalize_std, response_budget=c.controller.response_budget,
+        inflight=inflight_settings(c))
   if settings.group_size < 2:
     raise ConfigError(f'config.grpo.group_size must be >= 2, got {settings.group_size}: GRPO\'s '
                       'advantage is a reward minus its group\'s mean, so a group of one learns '
@@ -298,6 +299,26 @@ def pact_settings(c: ml_collections.ConfigDict) -> pact_lib.PACTSettings:
   with config_section('pact'):
     return pact_lib.PACTSettings(**_rollout_fields(c), max_ratio=c.pact.max_ratio,
                                  dis_low=c.pact.dis_low, dis_high=c.pact.dis_high)
+
+
+def rollout_devices(c: ml_collections.ConfigDict, local_devices: int, processes: int) -> int:
+  """Local devices per process of the in-flight worker's rollout sub-mesh (0: none), checked
+  against the devices each process has and the mode."""
+  check_choice('rollout.mode', c.rollout.mode, ROLLOUT_MODES)
+  n = c.rollout.devices
+  if not (isinstance(n, int) and n >= 0):
+    raise ConfigError(f'config.rollout.devices must be an integer >= 0, got {n!r}')
+  if n and c.rollout.mode != 'async':
+    raise ConfigError(f"config.rollout.devices={n} needs rollout.mode='async': only the in-flight "
+                      'worker generates on a rollout sub-mesh')
+  if n >= local_devices:
+    raise ConfigError(f'config.rollout.devices={n} leaves no training device: each process has '
+                      f'{local_devices} devices (use 0..{local_devices - 1})')
+  if c.rollout.mode == 'async' and processes > 1 and not n:
+    raise ConfigError(f"config.rollout.mode='async' on {processes} processes needs "
+                      'config.rollout.devices >= 1: the worker thread must generate on a '
+                      "process-local rollout sub-mesh, never on the training mesh's collectives")
+  return n
 
 
 def inflight_settings(c: ml_collections.ConfigDict) -> InflightSettings | None:
@@ -379,6 +400,7 @@ class Settings:
   eval_sampling: sampling.SamplingSettings
   mesh: sharding.MeshConfig
   mesh_shape: tuple[int, int, int]
+  rollout_devices: int                      # per process, of the in-flight worker's sub-mesh
   builtin: builtin.ChainSettings | walk.WalkSettings | None  # a built-in task's rules
   sft: sft_lib.SFTSettings | None           # when the run starts from the SFT warm start
   grpo: grpo_lib.GRPOSettings | None
@@ -430,6 +452,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   _check_learns(c, ctl_settings)
   if li2sao is not None:
     _check_li2sao_groups(c, li2sao)
+  processes = jax.process_count()
+  sao = grpo or lisao or li2sao
+  if sao is not None and sao.inflight and sao.problems_per_step % processes:
+    raise ConfigError(f'config.{c.algorithm}.problems_per_step={sao.problems_per_step} must be a '
+                      f"multiple of the {processes} processes with rollout.mode='async' (each "
+                      'generates its share of a batch in whole groups)')
   if c.algorithm in ('grpo', 'ppo', 'pact', 'lisao'):
     per_step = c[c.algorithm].problems_per_step
   elif c.algorithm == 'li2sao':
@@ -441,11 +469,15 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
                       f'{per_step} distinct problems a step draws')
   mesh = sharding.MeshConfig(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
   devices = num_devices or jax.device_count()
+  rollout = rollout_devices(c, devices // processes, processes)
+  devices -= rollout * processes  # the training mesh: what the rollout sub-meshes leave
   with config_section('mesh'):
     try:
       mesh_shape = mesh.resolve(devices)
     except ValueError as e:
-      raise ValueError(f'{e} (this process sees {devices} devices)') from None
+      raise ValueError(f'{e} ({devices} training devices'
+                       + (f' beside {rollout} rollout devices per process)' if rollout else ')')
+                       ) from None
   builtin_task = sft = judge_settings = None
   if c.task.name in BUILTIN_TASKS:
     builtin_task = builtin_settings(c)
@@ -467,6 +499,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   return Settings(run=run, controller=ctl_settings,
                   train_sampling=sampling_settings(c, 'sampling'),
                   eval_sampling=sampling_settings(c, 'eval'), mesh=mesh, mesh_shape=mesh_shape,
+                  rollout_devices=rollout,
                   builtin=builtin_task, sft=sft, grpo=grpo, ppo=ppo, pact=pact, lisao=lisao,
                   li2sao=li2sao, value=value,
                   judges=judge_settings)
