@@ -152,7 +152,9 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     losses[kind] = loss
     if i % 50 == 0 or i == settings.steps:
       log(f'SFT step {i}/{settings.steps} loss {float(losses["solutions"]):.4f}'
-          + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every else '')
+          # The critic examples start after the clean steps: no loss to print before.
+          + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every
+             and i >= settings.clean_steps + settings.critic_every else '')
           + f' ({time.time() - start:.0f}s)')
   models.save_hf_checkpoint(model_config, params, out_dir)
   with open(done_path, 'w') as f:
