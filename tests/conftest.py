@@ -4,8 +4,11 @@ XLA compilation cache for the whole suite."""
 import os
 import tempfile
 
-# Must be set before JAX initialises its backends.
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# Must be set before JAX initialises its backends. The tests' programs are tiny, so compiling them
+# takes far longer than running them: XLA's cheaper CPU backend passes cut the suite's compile time
+# (measured: a walk run's test 76 -> 59 s) and the golden step metrics stay within their 1e-5.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
+                      '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 # Both xdist workers and every process the tests start (launchers, distributed workers, notebooks)

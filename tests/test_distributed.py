@@ -31,14 +31,13 @@ from ac2_jax.train import checkpointing, experiment
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import value_critic
 from ac2_jax.models import value as value_model
+from train_fixtures import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, 'launch', 'tpu_run.py')
 WORKER = os.path.join(REPO, 'tests', 'distributed_worker.py')
 # The smallest decoder the built-in task runs with: compilation dominates these runs.
 MICRO = dict(num_layers=1, hidden_size=64, intermediate_size=128, head_dim=16)
-# Faster CPU compilation (numerics are the same in every run, all use these flags).
-FAST_XLA = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 TIMEOUT_S = 600
 pytestmark = pytest.mark.slow  # subprocesses: two-process runs and the launcher
 
@@ -67,8 +66,7 @@ def _overrides(data_dir: str, checkpoint: str, num_steps: int) -> list[str]:
 
 def _env(devices: int, cache_dir: str) -> dict:
   env = dict(os.environ)
-  env.update(JAX_PLATFORMS='cpu', XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} '
-             f'{FAST_XLA}', JAX_COMPILATION_CACHE_DIR=cache_dir,
+  env.update(JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(devices), JAX_COMPILATION_CACHE_DIR=cache_dir,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5')
   return env
 

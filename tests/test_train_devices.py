@@ -15,7 +15,7 @@ import pytest
 
 from ac2_jax.train import experiment, loop
 from train_fixtures import (comparable, compile_cache, length_credit_build_task,  # noqa: F401
-                            overrides, read_records, tiny_config, train_base)
+                            overrides, read_records, tiny_config, train_base, xla_flags)
 
 pytestmark = [pytest.mark.usefixtures('compile_cache'), pytest.mark.slow]
 
@@ -35,8 +35,7 @@ def test_eight_devices_match_one(train_base, tmp_path, monkeypatch):
   one, eight = tmp_path / 'one', tmp_path / 'eight'
   # The 1-device run is its own process (the device count is fixed when JAX starts); it runs
   # alongside this process's 8-device run.
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
-         'JAX_PLATFORMS': 'cpu'}
+  env = {**os.environ, 'XLA_FLAGS': xla_flags(1), 'JAX_PLATFORMS': 'cpu'}
   single = subprocess.Popen(
       [sys.executable, os.path.join(os.path.dirname(__file__), 'train_fixtures.py'),
        json.dumps({**overrides(train_base), **MESH_1}), str(one)],

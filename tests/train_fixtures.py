@@ -23,6 +23,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 
 import jax
@@ -124,6 +125,13 @@ def compile_cache():
   every test process and, through the environment, the subprocesses they start): the modules that
   rebuild trainers name it, and pass it on explicitly to the launchers they run."""
   return os.environ['JAX_COMPILATION_CACHE_DIR']
+
+
+def xla_flags(devices: int) -> str:
+  """This process's XLA flags (conftest.py's cheap compile passes) for a child process that fakes
+  `devices` CPU devices."""
+  flags = re.sub(r'--xla_force_host_platform_device_count=\d+', '', os.environ.get('XLA_FLAGS', ''))
+  return f'--xla_force_host_platform_device_count={devices} {flags.strip()}'.strip()
 
 
 def read_records(workdir: str) -> dict[int, dict]:
