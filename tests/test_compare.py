@@ -100,8 +100,11 @@ def test_parse_methods_and_configs(compared, train_base):
   m = compare.parse_method('ac2:chunk_small+no_audit')
   assert m.variants == ('chunk_small', 'no_audit') and m.dirname == 'ac2-chunk_small-no_audit'
   assert m.config_arg('bench') == 'bench,chunk_small,no_audit'
-  with pytest.raises(ValueError):
-    compare.parse_method('grpo:no_audit')
+  with pytest.raises(ValueError, match='only ac2, grpo'):
+    compare.parse_method('prefix_grpo:no_audit')
+  assert compare.parse_method('grpo:async').config_arg('bench') == 'bench,async'
+  with pytest.raises(ValueError, match='unknown GRPO config arguments'):
+    compare.load_config(CONFIGS, compare.parse_method('grpo:no_audit'), '')
   s = _settings(train_base, compared['root'])
   c = compare.run_config(s, m, 1)
   assert (c.seed, c.eval.every, c.controller.no_audit, c.num_steps) == (1, 2, True, STEPS)

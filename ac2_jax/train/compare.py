@@ -32,8 +32,9 @@ from ac2_jax.train import compare_report, console, experiment, loop
 # Method name -> config file in configs/ (an explicit registry: no file is chosen by a string).
 METHOD_CONFIGS = {'ac2': 'ac2.py', 'grpo': 'grpo.py', 'prefix_grpo': 'prefix_grpo.py',
                   'ppo': 'ppo.py', 'pact': 'pact.py', 'lisao': 'lisao.py', 'li2sao': 'li2sao.py'}
-# Methods whose config file takes arguments besides `bench` (ppo:lambda1, li2sao:async, ...).
-WITH_VARIANTS = ('ac2', 'ppo', 'pact', 'lisao', 'li2sao')
+# Methods whose config file takes arguments besides `bench` (ppo:lambda1, li2sao:async,
+# grpo:async, ...); the config file itself refuses an argument it does not know.
+WITH_VARIANTS = ('ac2', 'grpo', 'ppo', 'pact', 'lisao', 'li2sao')
 # The sections a warm start depends on: every method of a seed must agree on them.
 WARM_START_SECTIONS = ('task', 'sft', 'model')
 QUICK_STEPS = 20
