@@ -117,6 +117,26 @@ def test_metrics_torn_last_line_dropped_on_resume(tmp_path, caplog):
     metrics.read_metrics(logger.path)
 
 
+def test_audits_jsonl_nested_records_truncated_and_torn(tmp_path):
+  """AC2's audits.jsonl: nested numpy numbers written as JSON numbers (NaN as null); a resume drops
+  the records past its checkpoint and a torn tail, as for metrics.jsonl."""
+  log = metrics.StepLog(str(tmp_path / metrics.AUDITS_FILE))
+  groups = [{'rewards': np.array([0.5, 1.0], np.float32), 'chunk_end_value': [np.float64('nan')],
+             'chunk_end_read': [np.bool_(True)], 'cut': np.int64(16)}]
+  for step in range(1, 4):
+    log.write(step, {'groups': groups if step == 2 else []})
+  with open(log.path, 'ab') as f:
+    f.write(b'{"step": 4, "gro')  # killed while appending step 4
+  assert metrics.read_metrics(log.path)[1] == {
+      'step': 2, 'groups': [{'rewards': [0.5, 1.0], 'chunk_end_value': [None],
+                             'chunk_end_read': [True], 'cut': 16}]}
+  log.truncate_after(2)
+  assert [r['step'] for r in metrics.read_metrics(log.path)] == [1, 2]
+  assert open(log.path).read().endswith('\n')
+  metrics.StepLog(str(tmp_path / 'off.jsonl'), enabled=False).write(1, {'groups': []})
+  assert not (tmp_path / 'off.jsonl').exists()
+
+
 def test_plots_written(tmp_path):
   logger = metrics.MetricsLogger(str(tmp_path))
   for step in range(1, 4):

@@ -12,6 +12,7 @@ import pytest
 
 from ac2_jax import models
 from ac2_jax.train import checkpointing, experiment, loop
+from ac2_jax.train import metrics as metrics_lib
 from ac2_jax.learner import state as state_lib
 from train_fixtures import (comparable, compile_cache, length_credit_build_task, read_records,  # noqa: F401
                             tiny_config, train_base)
@@ -68,6 +69,10 @@ def test_stop_and_resume_equals_uninterrupted(train_base, tmp_path, monkeypatch)
   for step in range(STEPS + 1):
     assert comparable(a[step]) == comparable(b[step]), f'step {step} differs after resuming'
   assert 'val/mean_score' in b[STEPS]
+  # AC2's audits.jsonl is truncated on resume as metrics.jsonl is: each step once.
+  audits_a, audits_b = (metrics_lib.read_metrics(os.path.join(w, metrics_lib.AUDITS_FILE))
+                        for w in (straight, resumed))
+  assert audits_a == audits_b and [r['step'] for r in audits_b] == list(range(1, STEPS + 1))
   assert all(a[step]['actor1/grad_norm'] > 0 for step in range(1, STEPS + 1))
   assert final.start_score == a[0]['val/mean_score']
   assert final.final_score == a[STEPS]['val/mean_score']

@@ -6,6 +6,9 @@
               everything else to the judge (ALGORITHMS.md AC2 item 3)
   score       judge grades; critic reads of routed endpoints and of V(s) at the prefixes, all with
               the weights from before this step's update
+  audit       the audited groups' diagnostics (`audit_records`, written to audits.jsonl): V(s)
+              also read without the reference, and the critic at each full continuation's
+              chunk end (the value AC2 would have used had the slot not been audited)
   observe     the controller takes the scored results (readiness, buffers, bank, critic pairs)
   advantages  A_i = v_i - mean_j v_j per group (invalid reads: weight 0), group-1 singles v - V(s)
   update      entropy control -> actor minibatch 1 -> critic update -> actor minibatch 2 -> critic
@@ -68,6 +71,7 @@ class StepData:
   decoding_flops: float
   prefix_values: dict[int, float | None] = dataclasses.field(default_factory=dict)
   reads: list[float | None] = dataclasses.field(default_factory=list)  # every critic read
+  audits: list[dict] = dataclasses.field(default_factory=list)  # `audit_records`
 
   def rows_of(self, kind: RequestKind) -> list[ChunkRow]:
     return [r for r in self.rows if r.request.kind == kind]
@@ -81,6 +85,7 @@ class AC2(base.Algorithm):
     self.settings = settings
     self.use_critic = use_critic
     self.controller = ctl.Controller(settings, seed, [r.id for r in rt.train_records])
+    self._audits: list[dict] | None = [] if use_critic else None
     self._index = {r.id: i for i, r in enumerate(rt.train_records)}
     if settings.bank_from_data:
       self.controller.bank.load_items([(i, r.reference_solution)
@@ -105,6 +110,10 @@ class AC2(base.Algorithm):
       data = self.generate(rt, state.params, plan, key)
     self.route(rt, data)
     self.score(rt, state.params, data, timer)
+    if self.use_critic:
+      with timer('audit_reads'):
+        data.audits = self.audit_records(rt, state.params, data)
+      self._audits = data.audits
     with timer('controller'):
       outcome = self.observe(rt, step, data)
       self.assign_advantages(data)
@@ -170,6 +179,64 @@ class AC2(base.Algorithm):
     for row, value in zip(endpoints, data.reads):
       row.critic_value = value
     data.prefix_values = dict(zip(prefix_requests, data.reads[len(endpoints):]))
+
+  def audit_records(self, rt: Runtime, params, data: StepData) -> list[dict]:
+    """One record per audited group (numbers only), for the critic panels (train/critic_panels).
+
+    problem, slot, cut; reference: the prefix read AC2 used had the bank's reference;
+    v_prefix_ref / v_prefix_noref: V(s) with and without it (the read AC2 used, and one more read
+    of the same prefix; v_prefix_ref is None without a reference); rewards: the judge's reward of
+    each full continuation (None: the judge failed); new_tokens: their lengths; chunk_end_read:
+    the continuation ran past the chunk b, so the critic is read at s . c_i[:b] (chunk_end_value);
+    else the chunk would have been the whole continuation and its value is its reward (AC2 paper,
+    Section A.4; a chunk that holds a complete answer is not singled out). Invalid reads are None.
+    The extra reads use the weights from before the update, in one batch of their own, so the
+    step's other reads are unchanged; there are at most a third as many as chunk-end reads (an
+    audit per 3 unaudited ready slots at alpha = 1/4), plus one per audited prefix.
+    """
+    audited = [i for i, req in enumerate(data.plan.requests) if req.kind == RequestKind.AUDIT]
+    if not audited:
+      return []
+    b = self.settings.chunk_size
+    members: dict[int, list[ChunkRow]] = {i: [] for i in audited}
+    for row in data.rows:
+      if row.request_index in members:
+        members[row.request_index].append(row)
+    prompts, responses, references = [], [], []
+
+    def ask(prompt, response, reference) -> int:
+      prompts.append(prompt)
+      responses.append(response)
+      references.append(reference)
+      return len(prompts) - 1
+
+    asked = []
+    for i in audited:
+      req = data.plan.requests[i]
+      prompt = rt.train_prompts[self._index[req.problem_id]]
+      reference = self._reference(req.problem_id)
+      noref = None if reference is None else ask(prompt, req.prefix_tokens_P, None)
+      ends = [ask(prompt, np.concatenate([req.prefix_tokens_P, row.rollout.new_N[:b]]), reference)
+              if len(row.rollout.new_N) > b else None for row in members[i]]
+      asked.append((i, reference is not None, noref, ends))
+    reads = rows_lib.critic_reader(rt.critic_readout)(rt, params, prompts, responses, references)
+    records = []
+    for i, has_reference, noref, ends in asked:
+      req, used = data.plan.requests[i], data.prefix_values.get(i)
+      records.append({
+          'problem': req.problem_id, 'slot': req.slot, 'cut': req.cut,
+          'reference': has_reference,
+          'v_prefix_ref': used if has_reference else None,
+          'v_prefix_noref': reads[noref] if has_reference else used,
+          'rewards': [r.grade.reward if r.grade.valid else None for r in members[i]],
+          'new_tokens': [len(r.rollout.new_N) for r in members[i]],
+          'chunk_end_read': [k is not None for k in ends],
+          'chunk_end_value': [None if k is None else reads[k] for k in ends],
+      })
+    return records
+
+  def audited_groups(self) -> list[dict] | None:
+    return self._audits
 
   def observe(self, rt: Runtime, step: int, data: StepData) -> ctl.StepOutcome:
     per_request = [[] for _ in data.plan.requests]

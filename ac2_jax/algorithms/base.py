@@ -33,6 +33,11 @@ class Algorithm(Protocol):
   def load_state_dict(self, data: dict) -> None:
     ...
 
+  def audited_groups(self) -> list[dict] | None:
+    """The last step's audited groups as JSON data (AC2: `ac2.audit_records`), which the loop
+    appends to WORKDIR/audits.jsonl; None: the algorithm audits nothing (no file)."""
+    return None
+
   def close(self) -> None:
     """Stops what the algorithm runs beside the loop (an in-flight rollout worker); the loop calls
     it once at the end of a run."""

@@ -99,6 +99,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                     keep=run.checkpoints_kept)
   logger = metrics_lib.MetricsLogger(workdir, enabled=is_main)
+  audit_log = metrics_lib.StepLog(os.path.join(workdir, metrics_lib.AUDITS_FILE), enabled=is_main)
   host = {'flops_cum': 0.0, 'start_score': None, 'last_score': None}
   start = 0
   restored = ckpt.restore_newest_intact(state, log=quiet)
@@ -107,10 +108,12 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     algorithm.load_state_dict(saved['algorithm'])
     host = saved['host']
     logger.truncate_after(start)
+    audit_log.truncate_after(start)
     log(f'resumed from step {start} in {workdir}')
   else:
     # A run that stopped before its first checkpoint left records that no state matches.
     logger.truncate_after(-1)
+    audit_log.truncate_after(-1)
     scores = _eval(run, rt, state, 0)
     host['start_score'] = host['last_score'] = scores['val/mean_score']
     logger.write(0, {**scores, 'decoding_flops_cum': 0.0})
@@ -135,6 +138,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
           host['last_score'] = scores['val/mean_score']
           record.update(scores)
         written = logger.write(step, record)
+        audits = algorithm.audited_groups()
+        if audits is not None:
+          audit_log.write(step, {'groups': audits})
         if step % run.log_every == 0:
           log(metrics_lib.progress_line(written, PROGRESS_KEYS)
               + f' eta={console.format_duration(eta.seconds_left(step))}')

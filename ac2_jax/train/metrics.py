@@ -1,4 +1,6 @@
-"""Per-step metrics: one JSONL record per step, TensorBoard scalars, and a progress line.
+"""Per-step metrics: one JSONL record per step, TensorBoard scalars, and a progress line; AC2's
+audited groups, one JSONL record per step beside them (`audits.jsonl`, read by
+train/critic_panels).
 
 Only process 0 writes (`MetricsLogger(..., enabled=False)` elsewhere), so multi-process runs log once.
 """
@@ -18,6 +20,8 @@ from ac2_jax.train.tensorboard import SummaryWriter
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = 'metrics.jsonl'
+# AC2: the audited groups of each step (algorithms/ac2.py, `audit_records`), numbers only.
+AUDITS_FILE = 'audits.jsonl'
 
 
 def _plain(value: Any) -> Any:
@@ -29,13 +33,21 @@ def _plain(value: Any) -> Any:
   return value
 
 
-class MetricsLogger:
-  """Appends step records to `workdir/metrics.jsonl` and TensorBoard events to `workdir/tb/`."""
+def _plain_tree(value: Any) -> Any:
+  """`_plain` through nested dicts, lists, tuples and numpy arrays."""
+  if isinstance(value, Mapping):
+    return {str(k): _plain_tree(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim):
+    return [_plain_tree(v) for v in value]
+  return _plain(value)
 
-  def __init__(self, workdir: str, enabled: bool = True):
+
+class StepLog:
+  """A JSONL file of one record per step, each appended with its newline in one write."""
+
+  def __init__(self, path: str, enabled: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, METRICS_FILE)
-    self._tb = SummaryWriter(os.path.join(workdir, 'tb')) if enabled else None
+    self.path = path
 
   def truncate_after(self, step: int) -> None:
     """Drops records past `step` (after a resume from an earlier checkpoint), keeping the rest.
@@ -50,10 +62,30 @@ class MetricsLogger:
         f.write(json.dumps(record) + '\n')
 
   def write(self, step: int, record: Mapping[str, Any]) -> dict:
-    plain = {'step': int(step), **{k: _plain(v) for k, v in record.items()}}
+    """Appends {'step': step, **record} (numpy numbers as Python ones, non-finite as null)."""
+    plain = {'step': int(step), **_plain_tree(record)}
     if self.enabled:
       with open(self.path, 'a') as f:
         f.write(json.dumps(plain) + '\n')
+    return plain
+
+
+class MetricsLogger:
+  """Appends step records to `workdir/metrics.jsonl` and TensorBoard events to `workdir/tb/`."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self._log = StepLog(os.path.join(workdir, METRICS_FILE), enabled)
+    self.path = self._log.path
+    self._tb = SummaryWriter(os.path.join(workdir, 'tb')) if enabled else None
+
+  def truncate_after(self, step: int) -> None:
+    """Drops records past `step` (`StepLog.truncate_after`)."""
+    self._log.truncate_after(step)
+
+  def write(self, step: int, record: Mapping[str, Any]) -> dict:
+    plain = self._log.write(step, record)
+    if self.enabled:
       self._tb.scalars(step, {k: v for k, v in plain.items() if v is not None})
     return plain
 
