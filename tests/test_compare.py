@@ -1,6 +1,8 @@
 """launch/compare.py's library on a tiny setting (2 methods, 1 seed, 2 steps): one warm start per
 seed, compare.json and the plots, a rerun that skips finished runs and resumes an unfinished one;
-and launch/evaluate.py's library (mean@n, best-of-n, pass@k) on the runs' checkpoints."""
+launch/evaluate.py's library (mean@n, best-of-n, pass@k) on the runs' checkpoints; and the AC2
+run's audited groups (audits.jsonl) with the critic diagnostics notebook drawn from its workdir
+(every problem is made ready after step 1, so step 2 has ready chunks and audits)."""
 
 import itertools
 import json
@@ -10,7 +12,9 @@ import os
 import numpy as np
 import pytest
 
-from ac2_jax.train import checkpoint_eval, compare, experiment, loop
+from ac2_jax.controller import readiness
+from ac2_jax.train import checkpoint_eval, compare, critic_panels, experiment, loop
+from test_notebooks import execute_notebook
 from train_fixtures import (CONFIGS, SMALL, compile_cache, length_credit_build_task,  # noqa: F401
                             read_records, tiny_config, train_base)
 
@@ -22,7 +26,8 @@ STEPS = 2
 def _settings(train_base, root):
   data_dir, _ = train_base
   small = {k: v for k, v in SMALL.items() if not k.startswith('eval.') and k != 'checkpoint_every'}
-  small.update({'num_steps': STEPS, 'task.data_dir': data_dir})
+  small.update({'num_steps': STEPS, 'task.data_dir': data_dir,
+                'controller.audit_fraction': 0.5})  # 2 of AC2's 4 ready slots at step 2
   return compare.CompareSettings(methods=('grpo', 'ac2'), seeds=(0,), root=root,
                                  configs_dir=CONFIGS, eval_every=2, eval_problems=4,
                                  eval_responses=2, overrides=tuple(small.items()))
@@ -45,8 +50,17 @@ def compared(train_base, compile_cache, tmp_path_factory):  # noqa: F811
     counts['warm'] += 1
     return train_base[1]
 
+  def all_ready(self, has_reference_P):
+    """Every problem ready after AC2's step 1: the tiny warm start's critic reads nothing valid,
+    so none would pass the readiness tests in 2 steps."""
+    del has_reference_P
+    flipped = np.flatnonzero(~self.ready_P)
+    self.ready_P[:] = True
+    return flipped
+
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(loop, 'train', train)
+    mp.setattr(readiness.Readiness, 'update', all_ready)
     mp.setattr(experiment, 'initial_checkpoint', initial_checkpoint)
     lines = []
     report = compare.compare(_settings(train_base, root), log=lines.append)
@@ -75,6 +89,42 @@ def test_compare_writes_json_and_plots(compared):
   assert 'grpo' in report['table'] and 'time per step by phase' in report['table']
   assert any('eta=' in line and line.startswith('[1/2 grpo seed 0] step=') for line in
              compared['lines'])
+
+
+def test_ac2_run_writes_its_audited_groups(compared, train_base):
+  settings = _settings(train_base, compared['root'])
+  workdir = compare.run_dir(settings, compare.parse_method('ac2'), 0)
+  metrics, audits = critic_panels.read_workdir(workdir)
+  records = {r['step']: r for r in metrics}
+  assert [a['step'] for a in audits] == [1, 2] and audits[0]['groups'] == []
+  assert records[2]['ready_fraction'] == 1.0 and records[2]['num_ready_chunk'] == 2
+  groups = audits[1]['groups']
+  assert len(groups) == records[2]['num_audit'] == 2
+  c = compare.run_config(settings, compare.parse_method('ac2'), 0)
+  chunk, budget = c.controller.chunk_size, c.controller.response_budget
+  for g in groups:
+    assert g['reference']  # the bank starts with the data set's solutions
+    assert 0 <= g['cut'] < budget and len(g['rewards']) == c.controller.group_size
+    assert all(0.0 <= r <= 1.0 for r in g['rewards'])  # full continuations, all judged
+    assert all(0 < n <= budget - g['cut'] for n in g['new_tokens'])
+    assert g['chunk_end_read'] == [n > chunk for n in g['new_tokens']]
+    for value in (g['v_prefix_ref'], g['v_prefix_noref'], *g['chunk_end_value']):
+      assert value is None or 0.0 <= value <= 1.0
+    assert all(read or v is None for read, v in zip(g['chunk_end_read'], g['chunk_end_value']))
+  assert any(any(g['chunk_end_read']) for g in groups)
+  assert len(critic_panels.groups(audits)) == 2
+  grpo_dir = compare.run_dir(settings, compare.parse_method('grpo'), 0)
+  assert not os.path.exists(os.path.join(grpo_dir, 'audits.jsonl'))  # no critic, no audits
+
+
+@pytest.mark.slow
+def test_critic_diagnostics_notebook_on_the_ac2_run(compared, train_base):
+  workdir = compare.run_dir(_settings(train_base, compared['root']),
+                            compare.parse_method('ac2'), 0)
+  nb = execute_notebook('notebooks/critic_diagnostics.ipynb', {'WORKDIR': workdir})
+  text = ''.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code'
+                 for o in c.get('outputs', []))
+  assert f'{STEPS} steps; {STEPS} steps with audit records, 2 audited groups' in text, text
 
 
 def test_rerun_skips_finished_and_resumes_unfinished(compared, train_base):
