@@ -1,6 +1,6 @@
 """The critic panels' numbers (train/critic_panels.py) on a hand-written workdir, worked by hand,
-and notebooks/critic_diagnostics.ipynb drawing them (tests/test_compare.py runs it on a real AC2 run,
-whose tiny critic reads nothing valid)."""
+and notebooks/critic_diagnostics.ipynb drawing them (tests/test_compare.py runs it on a real AC2
+run, whose tiny critic reads nothing valid)."""
 
 import json
 
@@ -85,6 +85,7 @@ def test_summaries_per_step_and_pooled():
   want = {  # step 2: G1, G2; step 3: G4
       'groups': [2, 1],
       'prefix_mae': [(0.0 + 0.05) / 2, np.nan],
+      'prefix_reads_invalid': [0, 1],
       'groups_with_reference': [1, 0],
       'mae_ref': [0.0, np.nan],
       'mae_noref': [0.3, np.nan],

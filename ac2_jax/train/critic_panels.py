@@ -141,8 +141,10 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 def summarize(gs: Sequence[Group]) -> dict[str, float]:
   """The panels' numbers over some groups (one step's, or all of them pooled).
 
-  groups; prefix_mae: |V(s) - mean r| (the read AC2 used); groups_with_reference, mae_ref,
-  mae_noref: both reads on the groups with a reference where both are valid (a paired
+  groups; prefix_mae: |V(s) - mean r| (the read AC2 used) over its valid reads, and
+  prefix_reads_invalid: how many were invalid (AC2's readiness error, `critic_error_audited` in
+  metrics.jsonl, counts each as 1 and rounds the target to the grid); groups_with_reference,
+  mae_ref, mae_noref: both reads on the groups with a reference where both are valid (a paired
   comparison); group_mean_mae: |mean v - mean r|; advantage_rows, advantage_corr,
   advantage_mae: critic vs Monte Carlo advantages of the groups with a chunk-end read.
   """
@@ -154,6 +156,7 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
   return {
       'groups': len(gs),
       'prefix_mae': _mae([(g.v_prefix, g.mean_reward) for g in gs]),
+      'prefix_reads_invalid': sum(g.v_prefix is None for g in gs),
       'groups_with_reference': len(paired),
       'mae_ref': _mae([(g.v_prefix_ref, g.mean_reward) for g in paired]),
       'mae_noref': _mae([(g.v_prefix_noref, g.mean_reward) for g in paired]),
