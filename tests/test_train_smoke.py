@@ -2,7 +2,7 @@
 loop.train -> metrics.jsonl, TensorBoard events, orbax checkpoint, plots, summary), on a task
 with varied rewards so that the advantages are not 0; an actor update that moves the parameters
 toward a known advantage; and what each AC2 variant changes at step 1 or 2 (every problem made
-ready from step 2)."""
+ready from step 2), with chunk_small's audited groups read by the critic where audits.jsonl says."""
 
 import json
 import math
@@ -156,6 +156,28 @@ def _requests(plan, kind):
   return [r for r in plan.requests if r.kind == kind]
 
 
+def _check_audit_reads(s, requests, groups, last_batch):
+  """The audited groups' extra reads (the step's last critic batch, `AC2.audit_records`): per group,
+  V(s) without the bank's reference, then V(s . c_i[:b]) with it for each continuation past b."""
+  responses, references, values = last_batch
+  assert len(groups) == len(requests) and groups
+  k = 0
+  for req, g in zip(requests, groups):
+    assert (g['problem'], g['slot'], g['cut'], g['reference']) == (req.problem_id, req.slot,
+                                                                    req.cut, True)
+    np.testing.assert_array_equal(responses[k], req.prefix_tokens_P)
+    assert references[k] is None and g['v_prefix_noref'] == values[k]
+    k += 1
+    assert g['chunk_end_read'] == [n > s.chunk_size for n in g['new_tokens']]
+    for read, value in zip(g['chunk_end_read'], g['chunk_end_value']):
+      if read:
+        assert len(responses[k]) == req.cut + s.chunk_size and references[k] is not None
+        np.testing.assert_array_equal(responses[k][:req.cut], req.prefix_tokens_P)
+        assert value == values[k]
+        k += 1
+  assert k == len(responses) and any(any(g['chunk_end_read']) for g in groups)
+
+
 @pytest.mark.parametrize('arg', AC2_VARIANTS)
 def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
   _, rt, _ = built
@@ -166,7 +188,20 @@ def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
     monkeypatch.setattr(rt.task, 'critic_instruction',
                         lambda ref: seen_references.append(ref) or real(ref))
 
+  reads = []  # chunk_small: every critic-read batch of step 2, through the real reader
+  if arg == 'chunk_small':
+    real_reader = rows_lib.critic_reader
+
+    def spied_reader(readout):
+      def read(rt_, params, prompts, responses, references):
+        values = real_reader(readout)(rt_, params, prompts, responses, references)
+        reads.append((list(responses), list(references), values))
+        return values
+      return read
+    monkeypatch.setattr(rows_lib, 'critic_reader', spied_reader)
+
   def before_step(step, algorithm):
+    reads.clear()
     if arg == 'no_reference' and step == 1:
       algorithm.controller.bank.load_items(
           [(p, r.reference_solution) for p, r in enumerate(rt.train_records)])
@@ -203,6 +238,7 @@ def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
                          for r in ready)
     assert s.chunk_size < load_config('ac2').controller.chunk_size
     assert records[2]['routed_to_critic'] > 0
+    _check_audit_reads(s, audits, algorithm.audited_groups(), reads[-1])
   if arg == 'no_local_readiness':  # every problem ready at once, with no reference or low error
     assert records[1]['num_newly_ready'] == len(rt.train_records)
   if arg == 'no_reference':
