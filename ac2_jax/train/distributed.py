@@ -12,7 +12,8 @@ Every process runs the same program (multi-controller SPMD). Who does what:
                                controllers cannot drift apart on a non-deterministic judge.
   process 0 first, then others preparing shared files (tfds data, the SFT warm start): process 0
                                builds them, the others wait and then find them cached.
-  process 0 only               metrics.jsonl, TensorBoard, plots, summary.json, config.json.
+  process 0 only               metrics.jsonl, audits.jsonl (AC2), TensorBoard, plots, summary.json,
+                               config.json.
   agreed by all                stopping early: SIGTERM may reach one host only, so after every step
                                the processes stop if any of them was asked to (`any_process`).
   orbax                        checkpoints: every process writes its own shards; orbax
