@@ -4,8 +4,10 @@ The same for every method (configs/ac2.py:bench, configs/grpo.py:bench, configs/
 combinable with the AC2 variants: `ac2.py:bench,no_local_readiness`), so launch/compare.py compares
 methods on one task, one warm start recipe and one evaluation.
 
-UNMEASURED: a proposal from the task's knobs, not yet run. The lead measures it (issue 16 asks:
-warm start 0.10-0.40 on every seed, GRPO still improving after step 40 with its peak below 0.90).
+NOT YET CALIBRATED: a proposal from the task's knobs (issue 16 asks: warm start 0.10-0.40 on every
+seed, GRPO still improving after step 40 with its peak below 0.90). Measured once (session 9, seed 0,
+`compare.py --quick`): the warm start scores 0.603 and GRPO reaches 0.739 at step 20, gaining only 0.006
+over steps 15-20 (BENCHMARKS.md, "Every method on the `bench` setting, quick").
 Why these knobs, against the default (K = 8, p = 7, '+-', step mistakes 0.25; GRPO went
 0.338 -> 0.970 in 60 steps there):
 - K = 12 steps: 1.5x longer solutions (measured with the built-in tokenizer: responses 79 tokens,
