@@ -49,8 +49,9 @@ walk, session 8") problems are ready from step 5, yet AC2 ends at 0.77-0.85 agai
 0.90: the critic's updates of the shared weights slow the actor (AC2 that is never ready ends where
 AC2 does), and at a critic rate low enough not to, the critic falls behind and readiness stalls.
 
-Benchmark setting (launch/compare.py; UNMEASURED until the lead measures it, see
-ac2_jax/train/bench_setting.py): `--config=configs/ac2.py:bench`, combinable with the variants.
+Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
+ac2_jax/train/bench_setting.py; AC2 on it not yet measured over 3 seeds):
+`--config=configs/ac2.py:bench`, combinable with the variants.
 
 Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   no_audit            no audited full rollouts of ready problems (alpha = 0)

@@ -28,7 +28,7 @@ Paper scale (Qwen3-4B; 16 x 8 then 128 x 1, T_min 60, T_max 150, critic lr 5e-6)
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `walk`
 (the built-in walk task instead of the chain; ac2_jax/tasks/walk.py), `bench` (the
-benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+benchmark setting of launch/compare.py; ac2_jax/train/bench_setting.py), `async` (the
 in-flight rollout worker; not run for Li2SAO; for LiSAO on 2 cores it was slower per trained token
 than `sync`, see configs/lisao.py).
 """

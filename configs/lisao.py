@@ -23,7 +23,7 @@ Paper scale (Qwen3-4B; critic lr 5e-6, 128 trajectories per update):
 
 Arguments (combinable with commas): `qwen3_4b` (paper scale, defaults.paper_scale), `walk`
 (the built-in walk task instead of the chain; ac2_jax/tasks/walk.py), `bench` (the
-benchmark setting of launch/compare.py, UNMEASURED; ac2_jax/train/bench_setting.py), `async` (the
+benchmark setting of launch/compare.py; ac2_jax/train/bench_setting.py), `async` (the
 in-flight rollout worker; measured in two sync/async pairs, one seed, 20 steps, 2 cores shared:
 0.482 -> 0.567 and 0.558; 243 trained tokens per second of step time against 356 for `sync` (load
 5-11), and 425 against 536 (load 2-7): slower on 2 cores, where the worker and the updates share the

@@ -13,7 +13,8 @@ Paper scale (Qwen3-4B; PACT's actor lr 1e-6, critic lr 5e-6):
   python launch/tpu_run.py --config=configs/pact.py:qwen3_4b --workdir=... (flags of configs/ac2.py)
 
 Arguments: `qwen3_4b`, `walk` (the built-in walk task instead of the chain; ac2_jax/tasks/walk.py),
-`bench` (UNMEASURED, ac2_jax/train/bench_setting.py), `frozen` (the critic's attention frozen).
+`bench` (the benchmark setting of launch/compare.py; ac2_jax/train/bench_setting.py), `frozen`
+(the critic's attention frozen).
 """
 
 from ac2_jax.train import defaults

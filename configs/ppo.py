@@ -15,7 +15,7 @@ Arguments (combinable with commas):
   lambda1   GAE lambda = 1: A_t = R - V(s_t) on every model token (gamma stays 1)
   frozen    the critic trains its MLP blocks, final norm and head only (attention frozen, as SAO's)
   walk      the built-in walk task instead of the chain
-  bench     the benchmark setting of launch/compare.py (UNMEASURED; ac2_jax/train/bench_setting.py)
+  bench     the benchmark setting of launch/compare.py (ac2_jax/train/bench_setting.py)
   qwen3_4b  paper scale (defaults.paper_scale)
 """
 

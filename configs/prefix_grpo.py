@@ -6,8 +6,7 @@ CPU, built-in task, `tiny` model (SFT warm start included):
 Paper scale: `--config=configs/prefix_grpo.py:qwen3_4b` with the flags of configs/ac2.py.
 Argument `walk`: the built-in walk task instead of the chain (ac2_jax/tasks/walk.py;
 defaults.walk_task).
-Argument `bench`: the benchmark setting of launch/compare.py (UNMEASURED until the lead measures it;
-ac2_jax/train/bench_setting.py).
+Argument `bench`: the benchmark setting of launch/compare.py (ac2_jax/train/bench_setting.py).
 """
 
 from ac2_jax.train import defaults
