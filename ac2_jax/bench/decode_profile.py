@@ -55,17 +55,24 @@ def group_of(op_name: str) -> str:
   return 'model, other'
 
 
-def profile(config, batch: int, prompt_len: int, new_tokens: int) -> dict:
-  """{'loop': {group: seconds per step}, 'prefill': seconds, 'steps': decode steps}."""
+def random_inputs(config, batch: int, prompt_len: int, new_tokens: int):
+  """(params, contexts, packed requests): random weights and `batch` prompts of `prompt_len`
+  random ids, each asking for `new_tokens` (`bench.py sampler`'s model and prompts)."""
   params = models.init_params(config, jax.random.key(0))
   rng = np.random.RandomState(0)
   contexts = list(rng.randint(0, config.vocab_size, (batch, prompt_len)).astype(np.int32))
+  packed = requests.pack(contexts, new_tokens, None, vocab_size=config.vocab_size,
+                         max_total_len=config.max_position_embeddings)
+  return params, contexts, packed
+
+
+def profile(config, batch: int, prompt_len: int, new_tokens: int) -> dict:
+  """{'loop': {group: seconds per step}, 'prefill': seconds, 'steps': decode steps}."""
+  params, contexts, packed = random_inputs(config, batch, prompt_len, new_tokens)
   settings = SamplingSettings(temperature=0.8)
   call = lambda: sampler.generate(config, params, contexts, new_tokens, settings,
                                   jax.random.key(1), stop_ids=())
   call()
-  packed = requests.pack(contexts, new_tokens, None, vocab_size=config.vocab_size,
-                         max_total_len=config.max_position_embeddings)
   hlo = decode.decode_batch.lower(
       params, jax.random.key(1), packed.contexts_BxP, packed.context_lengths_B, packed.caps_B,
       packed.row_ids_B, config=config, settings=settings, stop_ids=(),

@@ -19,9 +19,9 @@ import time
 import jax
 import numpy as np
 
-from ac2_jax import models
+from ac2_jax.bench import decode_profile
 from ac2_jax.bench import sampler as sampler_bench
-from ac2_jax.sampling import decode, requests
+from ac2_jax.sampling import decode
 from ac2_jax.sampling.settings import SamplingSettings
 
 
@@ -35,11 +35,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument('--repeats', type=int, default=3)
   args = parser.parse_args(argv)
   config = sampler_bench.CONFIGS[args.config]
-  params = models.init_params(config, jax.random.key(0))
-  rng = np.random.RandomState(0)
-  contexts = list(rng.randint(0, config.vocab_size, (args.batch, args.prompt_len)).astype(np.int32))
-  packed = requests.pack(contexts, args.new_tokens, None, vocab_size=config.vocab_size,
-                         max_total_len=config.max_position_embeddings)
+  params, _, packed = decode_profile.random_inputs(config, args.batch, args.prompt_len,
+                                                   args.new_tokens)
   inputs = (params, jax.random.key(1), packed.contexts_BxP, packed.context_lengths_B,
             packed.caps_B, packed.row_ids_B)
   variants = {'whole cache': 0, 'segments': decode.FIRST_SEGMENT_TOKENS}
