@@ -109,6 +109,8 @@ DEFAULT_RULES = (
     Rule(r'lm_head/kernel', ('fsdp', 'tensor'), optional=True),      # [E, V]
     # The value network's scalar head (models/value.py); its bias is a scalar, replicated.
     Rule(r'value_head/kernel', ('fsdp',), optional=True),            # [E]
+    # The critic's low-rank adapter (learner/critic_adapter.py): every leaf 2-D and small.
+    Rule(r'lora_[ab]', (None, None), optional=True),
     # RMSNorm scales are tiny: replicate.
     Rule(r'(input_layernorm|post_attention_layernorm|q_norm|k_norm|norm)/scale', (None,)),
 )

@@ -15,11 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ac2_jax import models
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.controller.steps import RequestKind
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows as rows_lib
+from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
-from ac2_jax.train import experiment, loop
+from ac2_jax.train import checkpointing, experiment, loop
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (AC2_VARIANTS, REPO, as_flags, check_one_step,  # noqa: F401
                             compile_cache, is_finite_number, length_credit_build_task,
@@ -289,3 +292,37 @@ def test_launcher_runs_a_config_with_overrides(train_base, compile_cache, tmp_pa
   assert written['seed'] == 3 and written['grpo']['normalize_std'] is True
   assert written['task']['builtin_num_train'] == 300
   assert sorted(read_records(str(tmp_path))) == [0, 1]
+
+
+def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, monkeypatch):
+  """`critic.adapter_rank`: the critic update trains the adapter, the checkpoint holds it, and a
+  stopped run resumes into it."""
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, 'ac2', num_steps=2)
+  c.critic.adapter_rank = 4
+  assert loop.train(c, str(tmp_path), stop_after=1, log=lambda *_: None).last_step == 1
+  lines = []
+  assert loop.train(c, str(tmp_path), log=lines.append).last_step == 2
+  assert any(m.startswith('resumed from step 1') for m in lines)
+  records = read_records(str(tmp_path))
+  assert sorted(records) == [0, 1, 2]
+  assert all(records[s]['critic/pairs'] > 0 and records[s]['critic/update_norm'] > 0
+             for s in (1, 2))
+  _, params = models.load_hf_checkpoint(train_base[1])
+  target = critic_adapter.init_state(
+      params, critic_adapter.init_adapter(params, 4, jax.random.key(0)), state_lib.OptimSettings())
+  ckpt = checkpointing.Checkpointer(os.path.join(str(tmp_path), 'checkpoints'))
+  try:
+    step, state, _ = ckpt.restore(target)
+  finally:
+    ckpt.close()
+  assert step == 2 and isinstance(state, critic_adapter.AdapterState)
+  assert max(float(np.abs(np.asarray(b)).max())
+             for b in jax.tree.leaves(state.critic_adapter) if b.shape[0] == 4) > 0  # B moved
+
+
+def test_critic_adapter_needs_ac2(train_base):
+  c = tiny_config(train_base, 'grpo')
+  c.critic.adapter_rank = 4
+  with pytest.raises(experiment.ConfigError, match='critic.adapter_rank'):
+    experiment.validate(c)

@@ -109,10 +109,11 @@ class AC2(base.Algorithm):
     with timer('generate'):
       data = self.generate(rt, state.params, plan, key)
     self.route(rt, data)
-    self.score(rt, state.params, data, timer)
+    critic_params = rt.critic_params(state)
+    self.score(rt, critic_params, data, timer)
     if self.use_critic:
       with timer('audit_reads'):
-        data.audits = self.audit_records(rt, state.params, data)
+        data.audits = self.audit_records(rt, critic_params, data)
       self._audits = data.audits
     with timer('controller'):
       outcome = self.observe(rt, step, data)

@@ -195,7 +195,7 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
   curve, done, start = [], 0, time.time()
 
   def report():
-    fig = figures(expected_reads(rt, state.params, held), held, constant)
+    fig = figures(expected_reads(rt, rt.critic_params(state), held), held, constant)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs}
     curve.append(entry)
     if on_report is not None:

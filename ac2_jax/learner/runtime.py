@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ac2_jax import critic, models, sampling, sharding, tokenization
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 from ac2_jax.learner import value_critic
@@ -38,7 +39,7 @@ class CriticStep:
   so the split changes only the padding, never the update.
   """
   update: Callable  # (state, CriticBatch, lr): grads and step fused
-  grads: Callable   # (params, CriticBatch) -> (loss_sum, records, grads)
+  grads: Callable   # (state, CriticBatch) -> (loss_sum, records, grads)
   add: Callable     # sums two of grads' outputs (the first donated)
   apply: Callable   # (state, loss_sum, records, grads, lr) -> (state, metrics)
 
@@ -46,9 +47,9 @@ class CriticStep:
     batches = [batch] if isinstance(batch, updates.CriticBatch) else list(batch)
     if len(batches) == 1:
       return self.update(state, batches[0], lr)
-    total = self.grads(state.params, batches[0])
+    total = self.grads(state, batches[0])
     for b in batches[1:]:
-      total = self.add(total, self.grads(state.params, b))
+      total = self.add(total, self.grads(state, b))
     return self.apply(state, *total, lr)
 
 
@@ -72,6 +73,8 @@ class Runtime:
   actor_step: Callable           # (state, ActorBatch, eps_high) -> (state, metrics)
   critic_step: Callable          # (state, CriticBatch, lr) -> (state, metrics)
   critic_readout: str = 'greedy'  # how a critic value is read (learner.rows.READOUTS)
+  # (state) -> the weights the critic reads with: the policy's, or W + A B with an adapter.
+  critic_params: Callable = critic_adapter.critic_params
   # The separate value-head critic (learner/value_critic.py), when the state carries one.
   value_settings: value_critic.ValueSettings | None = None
   value_step: Callable | None = None      # (state, ValueBatch) -> (state, metrics)
@@ -141,6 +144,10 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                    out_shardings=(state_shardings, scalar), donate_argnums=0)
 
   critic_step = make_critic_step(update_settings, state_shardings, batch, scalar)
+  critic_params = critic_adapter.critic_params
+  if isinstance(state, critic_adapter.AdapterState):  # one merge per step, on the params' shards
+    critic_params = jax.jit(critic_adapter.critic_params, in_shardings=(state_shardings,),
+                            out_shardings=state_shardings.params)
 
   value_fns = {}
   if value_settings is not None:
@@ -168,7 +175,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       val_prompts=prompts(val_records),
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
       actor_step=jit(updates.actor_update), critic_step=critic_step,
-      critic_readout=critic_readout, value_settings=value_settings, rollout_mesh=rollout_mesh,
+      critic_readout=critic_readout, critic_params=critic_params, value_settings=value_settings,
+      rollout_mesh=rollout_mesh,
       **value_fns)
 
 
@@ -176,18 +184,18 @@ def make_critic_step(update_settings: updates.UpdateSettings, state_shardings, b
                      ) -> CriticStep:
   """The critic update's jitted parts, for the train state's shardings (`state_shardings`), the
   batch's (`batch`) and a replicated scalar's; the state is donated."""
-  params = state_shardings.params
-  sums = (scalar, scalar, params)
+  trained = getattr(state_shardings, critic_adapter.trained_field(state_shardings))
+  sums = (scalar, scalar, trained)
   return CriticStep(
       update=jax.jit(functools.partial(updates.critic_update, update_settings),
                      in_shardings=(state_shardings, batch, scalar),
                      out_shardings=(state_shardings, scalar), donate_argnums=0),
       grads=jax.jit(functools.partial(updates.critic_grads, update_settings),
-                    in_shardings=(params, batch), out_shardings=sums),
+                    in_shardings=(state_shardings, batch), out_shardings=sums),
       add=jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), in_shardings=(sums, sums),
                   out_shardings=sums, donate_argnums=0),
       apply=jax.jit(functools.partial(updates.critic_apply, update_settings),
-                    in_shardings=(state_shardings, scalar, scalar, params, scalar),
+                    in_shardings=(state_shardings, scalar, scalar, trained, scalar),
                     out_shardings=(state_shardings, scalar), donate_argnums=0))
 
 

@@ -17,6 +17,7 @@ import optax
 
 from ac2_jax import models
 from ac2_jax.rl import critic_loss, entropy, policy_loss
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import state as state_lib
 
 
@@ -179,11 +180,14 @@ def actor_update(settings: UpdateSettings, state: state_lib.TrainState, batch: A
   return new_state, metrics
 
 
-def critic_grads(settings: UpdateSettings, params, batch: CriticBatch):
-  """(loss_sum, records, gradients of loss_sum) of the value-token NLL (w/4 per record) on `batch`:
-  summed over several batches, then `critic_apply`ed once, they make one update."""
+def critic_grads(settings: UpdateSettings, state: state_lib.TrainState, batch: CriticBatch):
+  """(loss_sum, records, gradients of loss_sum) of the value-token NLL (w/4 per record) on `batch`,
+  with respect to what the critic trains (`critic_adapter.trained_field`: the shared weights, or
+  the adapter): summed over several batches, then `critic_apply`ed once, they make one update."""
+  field = critic_adapter.trained_field(state)
 
-  def loss_fn(params, mb: CriticBatch):
+  def loss_fn(trained, mb: CriticBatch):
+    params = (trained if field == 'params' else critic_adapter.merge(state.params, trained))
     # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
     # it learns the value tokens' likelihood over that support too.
     logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0, settings.logits_chunk,
@@ -191,7 +195,8 @@ def critic_grads(settings: UpdateSettings, params, batch: CriticBatch):
     loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
     return loss_sum, (count, {})
 
-  loss_sum, count, _, grads = accumulate(loss_fn, params, batch, settings.micro_batch)
+  loss_sum, count, _, grads = accumulate(loss_fn, getattr(state, field), batch,
+                                         settings.micro_batch)
   return loss_sum, count, grads
 
 
@@ -200,13 +205,14 @@ def critic_apply(settings: UpdateSettings, state: state_lib.TrainState, loss_sum
   """The critic optimiser step on summed `critic_grads` (mean over records) at learning rate lr."""
   loss, grads = token_mean(loss_sum, count, grads)
   optimizer = state_lib.critic_optimizer(settings.optim)
-  params, opt_state, metrics = apply_update(optimizer, state.params, state.critic_opt_state, grads,
-                                            loss, scale=lr)
+  field = critic_adapter.trained_field(state)
+  trained, opt_state, metrics = apply_update(optimizer, getattr(state, field),
+                                             state.critic_opt_state, grads, loss, scale=lr)
   metrics = {'loss': loss, 'records': count, **metrics}
-  return state.replace(params=params, critic_opt_state=opt_state), metrics
+  return state.replace(**{field: trained, 'critic_opt_state': opt_state}), metrics
 
 
 def critic_update(settings: UpdateSettings, state: state_lib.TrainState, batch: CriticBatch,
                   lr: jax.Array):
   """One critic update on one batch: `critic_grads`, then `critic_apply`."""
-  return critic_apply(settings, state, *critic_grads(settings, state.params, batch), lr)
+  return critic_apply(settings, state, *critic_grads(settings, state, batch), lr)

@@ -235,6 +235,10 @@ def base_config() -> ml_collections.ConfigDict:
   # little is the commonest label, its mean at least the mean label (measured with
   # `launch/bench.py critic`), and one forward costs less than a 4-token greedy decode.
   c.critic.readout = 'expectation'
+  # 0: the paper's critic, whose update trains the policy's own weights. r > 0: the critic reads
+  # and trains through a rank-r adapter W + A B (learner/critic_adapter.py), so its update no
+  # longer moves the actor; a departure, for small policies whose weights have no room for both.
+  c.critic.adapter_rank = 0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20

@@ -21,6 +21,7 @@ from ac2_jax.algorithms import li2sao as li2sao_lib
 from ac2_jax.algorithms import lisao as lisao_lib
 from ac2_jax.algorithms import pact as pact_lib
 from ac2_jax.algorithms import ppo as ppo_lib
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import runtime as runtime_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
@@ -37,8 +38,9 @@ from ac2_jax.train.validation import (  # noqa: F401
     check_value_checkpoint, check_choice, controller_settings, dry_run_plan, judge_settings_of,
     run_settings, run_sizes, config_section, sft_settings, validate)
 
-# Folded into the seed's key for the value head's initial weights.
+# Folded into the seed's key for the value head's initial weights, and the critic adapter's.
 VALUE_HEAD_KEY = 0x7A1E
+CRITIC_ADAPTER_KEY = 0xADA7
 
 def build_task(c: ml_collections.ConfigDict, workdir: str, tokenizer_dir: str | None):
   """(task, tokenizer) for config.task.name."""
@@ -154,7 +156,12 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
   longest_prompt = max(len(task.prompt_ids(tok, r))
                        for split in ('train', 'validation') for r in task.records(split))
   sizes = run_sizes(c, longest_prompt)
-  if s.value is None:
+  if s.value is None and c.critic.adapter_rank:
+    adapter = critic_adapter.init_adapter(
+        params, c.critic.adapter_rank,
+        jax.random.fold_in(jax.random.key(c.seed), CRITIC_ADAPTER_KEY))
+    state = critic_adapter.init_state(params, adapter, update_settings.optim)
+  elif s.value is None:
     state = state_lib.init_state(params, update_settings.optim)
   else:
     body = params

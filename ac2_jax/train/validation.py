@@ -433,9 +433,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   for key, value in (('model.logits_chunk', c.model.logits_chunk),
                      ('task.rl_problems', c.task.rl_problems),
                      ('actor.micro_batch', c.actor.micro_batch),
-                     ('critic.max_context', c.critic.max_context)):
+                     ('critic.max_context', c.critic.max_context),
+                     ('critic.adapter_rank', c.critic.adapter_rank)):
     if not (isinstance(value, int) and value >= 0):
       raise ConfigError(f'config.{key} must be an integer >= 0, got {value!r}')
+  if c.critic.adapter_rank and c.algorithm != 'ac2':
+    raise ConfigError(f'config.critic.adapter_rank={c.critic.adapter_rank} adapts the prompt '
+                      f'critic of algorithm ac2; algorithm {c.algorithm!r} has none (set 0)')
   if not (isinstance(c.sampling.max_batch, int) and c.sampling.max_batch >= 1):
     raise ConfigError(f'config.sampling.max_batch must be an integer >= 1, '
                       f'got {c.sampling.max_batch!r}')
