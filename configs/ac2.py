@@ -61,12 +61,15 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   chunk_small         chunk b and cut grid at 1/5 (2k instead of 10k tokens at paper scale)
   no_local_readiness  every problem becomes ready once the global test passes
   no_reference        the critic never sees a reference solution
+  adapter             the critic reads and trains through a rank-16 adapter of the policy's
+                      weights (critic.adapter_rank), so its update leaves the actor alone
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
-            'no_local_readiness', 'no_reference')
+            'no_local_readiness', 'no_reference', 'adapter')
+ADAPTER_RANK = 16
 
 
 def apply_variant(c, name: str):
@@ -86,6 +89,8 @@ def apply_variant(c, name: str):
     c.controller.no_local_readiness = True
   elif name == 'no_reference':
     c.controller.no_reference = True
+  elif name == 'adapter':
+    c.critic.adapter_rank = ADAPTER_RANK
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 

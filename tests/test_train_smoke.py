@@ -295,11 +295,12 @@ def test_launcher_runs_a_config_with_overrides(train_base, compile_cache, tmp_pa
 
 
 def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, monkeypatch):
-  """`critic.adapter_rank`: the critic update trains the adapter, the checkpoint holds it, and a
-  stopped run resumes into it."""
+  """The `adapter` variant (`critic.adapter_rank`): the critic update trains the adapter, the
+  checkpoint holds it, and a stopped run resumes into it."""
   monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
-  c = tiny_config(train_base, 'ac2', num_steps=2)
-  c.critic.adapter_rank = 4
+  c = tiny_config(train_base, 'ac2', 'adapter', num_steps=2)
+  rank = c.critic.adapter_rank
+  assert rank > 0
   assert loop.train(c, str(tmp_path), stop_after=1, log=lambda *_: None).last_step == 1
   lines = []
   assert loop.train(c, str(tmp_path), log=lines.append).last_step == 2
@@ -310,7 +311,8 @@ def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, m
              for s in (1, 2))
   _, params = models.load_hf_checkpoint(train_base[1])
   target = critic_adapter.init_state(
-      params, critic_adapter.init_adapter(params, 4, jax.random.key(0)), state_lib.OptimSettings())
+      params, critic_adapter.init_adapter(params, rank, jax.random.key(0)),
+      state_lib.OptimSettings())
   ckpt = checkpointing.Checkpointer(os.path.join(str(tmp_path), 'checkpoints'))
   try:
     step, state, _ = ckpt.restore(target)
@@ -318,7 +320,7 @@ def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, m
     ckpt.close()
   assert step == 2 and isinstance(state, critic_adapter.AdapterState)
   assert max(float(np.abs(np.asarray(b)).max())
-             for b in jax.tree.leaves(state.critic_adapter) if b.shape[0] == 4) > 0  # B moved
+             for b in jax.tree.leaves(state.critic_adapter) if b.shape[0] == rank) > 0  # B moved
 
 
 def test_critic_adapter_needs_ac2(train_base):
