@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ac2_jax.controller import readiness
-from ac2_jax.train import checkpoint_eval, compare, critic_panels, experiment, loop
+from ac2_jax.train import (checkpoint_eval, compare, compare_report, critic_panels, experiment,
+                           loop)
 from test_notebooks import execute_notebook
 from train_fixtures import (CONFIGS, SMALL, compile_cache, length_credit_build_task,  # noqa: F401
                             read_records, tiny_config, train_base)
@@ -200,3 +201,27 @@ def test_evaluate_workdir_step_and_hf(compared, train_base, tmp_path):
                                            scratch_dir=str(tmp_path), **kwargs)
   assert hf['kind'] == 'hf' and hf['decoding_flops_cum'] is None
   assert 0.0 <= hf['mean_at_n'] <= 1.0 and math.isfinite(hf['best_of_n'])
+
+
+def test_report_reaches_by_hand(tmp_path):
+  """GRPO 0.2 -> 0.5 -> 0.6 at 0 / 10 / 20 FLOPs; the method 0.2 -> 0.58 -> 0.55 at 0 / 4 / 8. The
+  method never reaches GRPO's peak 0.6; 90% of GRPO's gain is 0.56, which GRPO first scores at 20
+  FLOPs and the method at 4: 5x fewer."""
+  def workdir(name, scores, flops):
+    d = tmp_path / name
+    d.mkdir()
+    with open(d / 'metrics.jsonl', 'w') as f:
+      for step, (score, fl) in enumerate(zip(scores, flops)):
+        f.write(json.dumps({'step': step * 5, 'val/mean_score': score, 'decoding_flops_cum': fl,
+                            'step_time': 1.0}) + '\n')
+    return str(d)
+  runs = [{'method': 'grpo', 'seed': 0, 'workdir': workdir('g', [0.2, 0.5, 0.6], [0, 10, 20])},
+          {'method': 'ac2', 'seed': 0, 'workdir': workdir('a', [0.2, 0.58, 0.55], [0, 4, 8])}]
+  report = compare_report.build_report(runs)
+  ac2 = report['methods']['ac2']
+  assert ac2['reached'] == '0/1' and ac2['flops_ratio_mean_of_ratios'] is None
+  assert ac2['gain90_reached'] == '1/1'
+  assert ac2['gain90_flops_ratio_mean_of_ratios'] == pytest.approx(5.0)
+  assert runs[1]['reach90']['target'] == pytest.approx(0.56)
+  assert report['methods']['grpo']['gain90_flops_ratio_of_means'] == pytest.approx(1.0)
+  assert '90%gain' in compare_report.table(report)
