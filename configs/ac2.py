@@ -1,28 +1,28 @@
 """AC2 (Actor-Critic with Action Chunking).
 
-CPU, built-in task, `tiny` model (SFT warm start included; about 14 minutes on an idle 2-core
-machine, measured before the pool and bank defaults below; 42 minutes with them for seed 2 on a
-shared machine, session 4):
-  python launch/tpu_run.py --config=configs/ac2.py --workdir=/tmp/ac2_run
-Expected: problems become ready from about step 5; about 80% of the second half's replay slots are
-ready problems and about 40% of all rows critic-scored chunks (seeds 0 and 2: 0.84 / 40%, 0.79 /
-37%); decoding FLOPs about 20% under Prefix GRPO's. Scores are mean points / 7 under the 'local'
-scoring, and the warm start is on a knife edge between seeds: seed 0 0.482 -> 0.601 (Prefix GRPO on
-the same pool: 0.622), seed 2 0.794 -> 0.995, seed 1 starts at 0.003 (its SFT never learns the
-arithmetic in 560 steps; see BENCHMARKS.md). The critic passes readiness without telling chunks
-apart (a constant is within tau_local of 96% of the labels; the critic probe, `launch/bench.py
-critic`, measures chunk-advantage correlation about 0 against 0.39 in the paper), so ready groups
-give the actor little signal and AC2 does not beat Prefix GRPO here. Why the critic cannot tell
-them apart on this task (`launch/bench.py critic_exact`: not even from 32,000 exact labels, while it
-reads a prompt token or the attempt's last value within 2,560): the value turns only on which
-written lines are wrong, a relation between tokens the tiny policy never represents.
+CPU, built-in task, `tiny` model: the README's main command, the `bench` setting (a warm start that scores
+0.25-0.34 on seeds 0-2, learning still going at step 80) with the critic adapter (SFT warm start included;
+about 15-20 minutes on an idle 2-core machine, see README):
+  python launch/tpu_run.py --config=configs/ac2.py:bench,adapter --workdir=/tmp/ac2_run
+Measured on seeds 0, 1 and 2 (BENCHMARKS.md, "AC2 against GRPO on the `bench` setting"): validation
+0.26-0.34 -> 0.67-0.71 in 80 steps; problems ready from step 5, 0.78-0.84 of the second half's replay slots
+ready, 41-46% of all rows critic-scored chunks; GRPO from the same warm starts needs 0.95-1.08x AC2's
+decoding FLOPs to reach AC2's final score (level), and ends higher (0.73-0.81 in 80 steps, at 1.7x AC2's
+FLOPs), as does Prefix GRPO (0.72-0.81). Without `adapter` (the paper's critic, whose update trains the
+shared weights) AC2 ends 0.03-0.05 lower on every seed (0.64-0.66) and GRPO needs only 0.64-0.86x its FLOPs.
+
+The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
+warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at
+0.003: its SFT never learns the arithmetic in 560 steps; session 4, BENCHMARKS.md).
 
 CPU departures from Table 4 (each a key in ac2_jax/train/defaults.py, with its reason there): the
 critic's value read as the expectation over the grid tokens (critic.readout), a short critic
 instruction (task.builtin_critic_prompt), cuts at most 0.8 of the response
 (controller.max_cut_fraction), a pool of 256 training problems that come back within the run
 (task.rl_problems), the reference bank seeded from the data set (controller.bank_from_data), the
-critic learning-rate floor, and the scaled token counts.
+critic learning-rate floor, and the scaled token counts; with the `adapter` variant, the critic's
+low-rank adapter (critic.adapter_rank: on the 1.1M-parameter policy the critic's updates of the shared
+weights slow the actor).
 
 Paper scale (AC2 paper, Table 4): Qwen3-4B on a TPU pod slice (or GPUs), FineProofs-RL training,
 IMO-ProofBench validation, an OpenAI-compatible judge; see docs/tpu.md and docs/gpu.md:
@@ -50,7 +50,7 @@ walk, session 8") problems are ready from step 5, yet AC2 ends at 0.77-0.85 agai
 AC2 does), and at a critic rate low enough not to, the critic falls behind and readiness stalls.
 
 Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
-ac2_jax/train/bench_setting.py; AC2 on it not yet measured over 3 seeds):
+ac2_jax/train/bench_setting.py; AC2, GRPO and Prefix GRPO on it over 3 seeds above):
 `--config=configs/ac2.py:bench`, combinable with the variants.
 
 Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
