@@ -10,6 +10,11 @@ ready, 41-46% of all rows critic-scored chunks; GRPO from the same warm starts n
 decoding FLOPs to reach AC2's final score (level), and ends higher (0.73-0.81 in 80 steps, at 1.7x AC2's
 FLOPs), as does Prefix GRPO (0.72-0.81). Without `adapter` (the paper's critic, whose update trains the
 shared weights) AC2 ends 0.03-0.05 lower on every seed (0.64-0.66) and GRPO needs only 0.64-0.86x its FLOPs.
+What the run does not show: a critic that judges. From step 40 it reads about 0.43 (sd under 0.01) for every
+prefix and chunk end while the policy scores about 0.65, so ready groups' chunk advantages are about 0. Readiness
+still passes, because a ready group's target is the mean of the critic's own chunk-end values (ALGORITHMS.md,
+AC2 items 5-6): `critic_error` is 0.12 where the audited error is 0.22 (BENCHMARKS.md, "What the ready critic
+does").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
 warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at
