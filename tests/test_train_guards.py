@@ -98,6 +98,12 @@ def test_resume_guard_lists_the_differing_keys(tmp_path):
   assert run_record.differences(stored, now) == []
   now['task']['rl_problems'] = 256
   assert run_record.differences(stored, now) == ["task.rl_problems (0 -> 256)"]
+  # A run stored before the critic adapter existed had the paper's shared-weight critic.
+  del stored['critic']['adapter_rank']
+  now = _config('ac2', task__rl_problems=0, controller__bank_from_data=False).to_dict()
+  assert run_record.differences(stored, now) == []
+  now['critic']['adapter_rank'] = 16
+  assert run_record.differences(stored, now) == ["critic.adapter_rank (0 -> 16)"]
   # A key added to a section (value_critic) after runs with that section were stored.
   stored = _config('ppo').to_dict()
   del stored['value_critic']['init_checkpoint']
