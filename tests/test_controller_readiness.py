@@ -146,3 +146,20 @@ def test_ready_is_forever_and_the_no_local_variant_readies_everything():
                     prefix=lambda r: 0.8 if r.problem_id == 'p0' else 0.5)
   assert len(c.bank) == 0
   assert _ready(c) == set(problem_ids(P + 4)) and outcomes[-1].stats.num_newly_ready == P + 4
+
+
+def test_judged_only_readiness_ignores_the_critics_own_targets():
+  """Every problem ready after steps 0-4; then the judge values every continuation 0.5 while the
+  critic reads 1.0 at prefixes and chunk ends. A ready group's target is the mean of its critic
+  values (1.0: error 0), so the pooled window hides the critic's error; judged-only readiness sees
+  only the audits' (0.5)."""
+  windows = {}
+  for judged_only in (False, True):
+    c = _controller(readiness_judged_only=judged_only)
+    _drive(c, range(5))
+    assert _ready(c) == set(problem_ids(P))
+    late = lambda r, j: 1.0 if r.kind == RequestKind.READY_CHUNK and r.critic_may_score else 0.5
+    _drive(c, range(5, 10), value=late)
+    windows[judged_only] = c.readiness.window_error()
+  assert abs(windows[True] - 0.5) < 1e-9
+  assert windows[False] < 0.3

@@ -31,7 +31,8 @@ from ac2_jax.controller.replay import ReplayBuffer, Trajectory, freeze_tokens
 from ac2_jax.controller.schedules import CriticLRController, EntropyController
 from ac2_jax.controller.settings import ControllerSettings
 from ac2_jax.controller.steps import (Continuation, GenerationRequest, RequestKind, RequestResult,
-                                      StepOutcome, StepPlan, StepStats, check_result, passes)
+                                      StepOutcome, StepPlan, StepStats, ValueSource, check_result,
+                                      passes)
 from ac2_jax.controller.targets import group_target
 
 _EMPTY = np.zeros((0,), np.int32)
@@ -182,6 +183,7 @@ class Controller:
     num_requests = len(plan.requests)
     targets_R = np.full((num_requests,), np.nan)
     errors_R = np.full((num_requests,), np.nan)
+    counted_R = np.zeros((num_requests,), bool)  # errors readiness sees
     error_problems: list[int] = []
     nonzero: list[int] = []
     pairs: list[CriticPair] = []
@@ -217,13 +219,16 @@ class Controller:
       targets_R[i] = target
       errors_R[i] = 1.0 if prediction is None else abs(prediction - target)
       invalid_predictions += prediction is None
-      error_problems.append(problem)
+      if not s.readiness_judged_only or all(c.source == ValueSource.JUDGE
+                                            for c in result.continuations):
+        error_problems.append(problem)
+        counted_R[i] = True
       if not (single and prediction is None):
         source = trajectories_by_id.get(request.source_trajectory_id)  # None: empty by design
         pairs.append(CriticPair(problem, source, request.cut, target, step))
 
     has_error = ~np.isnan(errors_R)
-    self.readiness.record_step(np.array(error_problems, np.int64), errors_R[has_error],
+    self.readiness.record_step(np.array(error_problems, np.int64), errors_R[counted_R],
                                np.array(nonzero, np.int64))
     # Readiness reads the bank as it was before this step's additions.
     newly_ready = self.readiness.update(self.bank.mask())

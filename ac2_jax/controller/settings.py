@@ -16,6 +16,10 @@ Variants of ALGORITHMS.md are switches here:
   no_local_readiness  every problem becomes ready once the global test passes.
   no_reference        the critic never sees a reference solution (the bank still gates readiness
                       condition (c): a solution was found).
+  readiness_judged_only  readiness errors (global window and local) only from targets that the judge
+                      valued whole (unready groups, audits); a departure from item 6, where a ready
+                      group's target is the mean of the critic's own chunk-end values, so a critic that
+                      answers one value validates itself (BENCHMARKS.md, session 10).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class ControllerSettings:
   correct_only: bool = False
   no_local_readiness: bool = False
   no_reference: bool = False
+  readiness_judged_only: bool = False
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
   bank_from_data: bool = False

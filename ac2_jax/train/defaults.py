@@ -121,6 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.correct_only = False
   c.controller.no_local_readiness = False
   c.controller.no_reference = False
+  # Off: the paper. On: only judge-valued targets measure readiness (controller/settings.py).
+  c.controller.readiness_judged_only = False
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems

@@ -49,7 +49,8 @@ def flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
 # them: such a run resumes unchanged when the key still has that value, and is refused otherwise.
 ADDED_KEYS = {'task.rl_problems': 0, 'controller.bank_from_data': False,
               'value_critic.init_checkpoint': '', 'rollout.mode': 'sync',
-              'rollout.devices': 0, 'critic.adapter_rank': 0}
+              'rollout.devices': 0, 'critic.adapter_rank': 0,
+              'controller.readiness_judged_only': False}
 # Sections added with algorithms that a stored run without them cannot have used (ADDED_KEYS
 # first: a key added to a section later is held to its old value).
 ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.', 'lisao.', 'li2sao.', 'rollout.')
