@@ -309,11 +309,12 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   curve, done, start = [], 0, time.time()
 
   def report():
-    c, l = evaluate(rt, rt.critic_params(state), held, read, lookup, constant, tau_local)
+    params = rt.critic_params(state)  # one merge per report when the critic has an adapter
+    c, l = evaluate(rt, params, held, read, lookup, constant, tau_local)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
     fit_log = ''
     if fit_set:
-      fit, _ = evaluate(rt, rt.critic_params(state), fit_set, read, lookup, constant, tau_local)
+      fit, _ = evaluate(rt, params, fit_set, read, lookup, constant, tau_local)
       entry['fit'] = fit
       fit_log = (f'  fit: MAE {fit["mae"]:.3f} (constant {fit["mae_constant"]:.3f}) corr '
                  f'{fit["corr"]:+.3f}')

@@ -100,10 +100,6 @@ def critic_params(state):
   return state.params
 
 
-def num_parameters(adapter: dict) -> int:
-  return sum(x.size for x in jax.tree.leaves(adapter))
-
-
 def trained_field(state) -> str:
   """The field of `state` the critic update trains: the adapter, or the shared weights."""
   return 'critic_adapter' if isinstance(state, AdapterState) else 'params'
