@@ -68,12 +68,14 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   no_reference        the critic never sees a reference solution
   adapter             the critic reads and trains through a rank-16 adapter of the policy's
                       weights (critic.adapter_rank), so its update leaves the actor alone
+  revocable           a failed audit makes its problem unready again
+                      (controller.readiness_revocable; the spec keeps ready problems forever)
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
-            'no_local_readiness', 'no_reference', 'adapter')
+            'no_local_readiness', 'no_reference', 'adapter', 'revocable')
 ADAPTER_RANK = 16
 
 
@@ -96,6 +98,8 @@ def apply_variant(c, name: str):
     c.controller.no_reference = True
   elif name == 'adapter':
     c.critic.adapter_rank = ADAPTER_RANK
+  elif name == 'revocable':
+    c.controller.readiness_revocable = True
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 

@@ -163,3 +163,30 @@ def test_judged_only_readiness_ignores_the_critics_own_targets():
     windows[judged_only] = c.readiness.window_error()
   assert abs(windows[True] - 0.5) < 1e-9
   assert windows[False] < 0.3
+
+
+def test_revocable_readiness_takes_back_the_problems_whose_audit_fails():
+  """Every problem ready after steps 0-4; at step 5 the judge values every full continuation 0.5
+  while the critic reads 1.0 everywhere, so each audit misses its judged target by 0.5. Under the
+  spec the audited problems stay ready; revocable, exactly the audited ones become unready, are
+  routed as unready groups next step, and can become ready again once the critic matches."""
+  late = lambda r, j: 1.0 if r.kind == RequestKind.READY_CHUNK and r.critic_may_score else 0.5
+  for revocable in (False, True):
+    c = _controller(readiness_revocable=revocable)
+    _drive(c, range(5))
+    assert _ready(c) == set(problem_ids(P))
+    plan = c.plan(5)
+    audited = {r.problem_id for r in plan.requests if r.kind == RequestKind.AUDIT}
+    assert audited and audited != set(problem_ids(P))
+    outcome = c.observe(5, make_results(plan, c.settings, value=late, prefix=lambda r: 1.0))
+    if not revocable:
+      assert _ready(c) == set(problem_ids(P)) and outcome.stats.num_revoked == 0
+      continue
+    assert _ready(c) == set(problem_ids(P)) - audited
+    assert outcome.stats.num_revoked == len(audited)
+    plan = c.plan(6)
+    assert audited <= {r.problem_id for r in plan.requests if r.kind == RequestKind.UNREADY}
+  # Once the critic reads the judge's values again, the revoked problems are ready again.
+  c.observe(6, make_results(plan, c.settings, value=lambda r, j: 0.5, prefix=lambda r: 0.5))
+  _drive(c, range(7, 12), value=lambda r, j: 0.5, prefix=lambda r: 0.5)
+  assert _ready(c) == set(problem_ids(P))

@@ -137,6 +137,20 @@ def test_sft_cache_is_keyed_and_never_overwritten(tmp_path):
   assert json.loads((default / sft_lib.DONE_FILE).read_text()) == {'key': 'aaaa'}
 
 
+def test_sft_critic_batches_start_after_clean_steps_or_critic_from():
+  steps = lambda **kw: [i for i in range(1, 11)
+                        if sft_lib.is_critic_step(sft_lib.SFTSettings(critic_every=2, **kw), i)]
+  assert steps(clean_steps=4) == [6, 8, 10]
+  assert steps(clean_steps=4, critic_from=0) == [2, 4, 6, 8, 10]
+  assert steps(clean_steps=4, critic_from=7) == [9]
+  assert sft_lib.is_critic_step(sft_lib.SFTSettings(critic_every=0), 6) is False
+  # A field added later is left out of the cache key at its default, so warm starts made before
+  # it existed are reused; set, it makes a new one.
+  model = experiment.models.get_config('tiny')
+  key = lambda **kw: sft_lib.settings_key(model, sft_lib.SFTSettings(**kw), 'data')
+  assert key(critic_from=-1) == key() != key(critic_from=0)
+
+
 # Ways of damaging the newest checkpoint after it was written.
 def _truncate(step_dir):
   path = _largest_file(os.path.join(step_dir, 'state'))

@@ -232,6 +232,13 @@ class Controller:
                                np.array(nonzero, np.int64))
     # Readiness reads the bank as it was before this step's additions.
     newly_ready = self.readiness.update(self.bank.mask())
+    revoked = np.zeros((0,), np.int64)
+    if s.readiness_revocable:
+      # After the flips, so that one step's ready groups cannot re-validate a problem whose
+      # judged audit the critic just missed.
+      failed = [self._index[r.problem_id] for r, e in zip(plan.requests, errors_R)
+                if r.kind == RequestKind.AUDIT and e >= s.tau_local]
+      revoked = self.readiness.revoke(np.array(failed, np.int64))
     bank_added = self.bank.add_candidates(self._generator('bank', step), candidates)
     for pair in pairs:
       self.critic_buffer.add(pair)
@@ -269,6 +276,7 @@ class Controller:
         num_unready=kinds.count(RequestKind.UNREADY),
         num_ready_chunk=kinds.count(RequestKind.READY_CHUNK),
         num_audit=kinds.count(RequestKind.AUDIT),
+        num_revoked=int(revoked.size),
     )
     return StepOutcome(step, targets_R, errors_R,
                        tuple(self.problem_ids[p] for p in newly_ready.tolist()), stats)

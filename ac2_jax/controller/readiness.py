@@ -6,8 +6,9 @@ A problem becomes ready at the end of a step when all of these hold:
   (b) local: the problem's latest error is below tau_local;
   (c) the problem has a reference in the bank as it was before this step's additions;
   (d) the critic has predicted a nonzero V(s) for the problem at this or an earlier step.
-The no-local-readiness variant makes every problem ready once (a) holds. Once ready, ready forever;
-the flip takes effect from the next plan.
+The no-local-readiness variant makes every problem ready once (a) holds. Once ready, ready forever
+(the spec), unless the controller revokes it (`readiness_revocable`: a failed audit); the flip takes
+effect from the next plan.
 
 Errors are |V(s) - target| with V(s) read before the update and an unparseable V(s) counted as 1.
 A problem sampled at several slots in one step records the mean of that step's errors as its latest
@@ -75,6 +76,13 @@ class Readiness:
       flip_P = ~self.ready_P & local_P & has_reference_P & self.nonzero_prediction_P
     self.ready_P |= flip_P
     return np.flatnonzero(flip_P)
+
+  def revoke(self, problems: np.ndarray) -> np.ndarray:
+    """Makes the given problems unready; returns those that were ready (ascending)."""
+    problems = np.unique(np.asarray(problems, np.int64))
+    was_ready = problems[self.ready_P[problems]]
+    self.ready_P[was_ready] = False
+    return was_ready
 
   def state_dict(self) -> dict:
     return {

@@ -20,6 +20,11 @@ Variants of ALGORITHMS.md are switches here:
                       valued whole (unready groups, audits); a departure from item 6, where a ready
                       group's target is the mean of the critic's own chunk-end values, so a critic that
                       answers one value validates itself (BENCHMARKS.md, session 10).
+  readiness_revocable  an audit whose judged target the critic misses by tau_local or more makes
+                      its problem unready again (it may become ready again by the usual test); a
+                      departure from item 6 ("once ready, ready forever"), so that the audits
+                      that measure a ready critic can also stop trusting a critic that has gone
+                      stale while the policy moved on.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class ControllerSettings:
   no_local_readiness: bool = False
   no_reference: bool = False
   readiness_judged_only: bool = False
+  readiness_revocable: bool = False
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
   bank_from_data: bool = False

@@ -141,6 +141,7 @@ class StepStats:
   num_unready: int
   num_ready_chunk: int
   num_audit: int
+  num_revoked: int = 0           # ready problems whose audit took readiness back (revocable only)
 
   def as_dict(self) -> dict[str, float]:
     return {k: float(v) for k, v in dataclasses.asdict(self).items()}

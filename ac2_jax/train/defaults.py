@@ -89,6 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.step_mistake_rate = 0.25   # each worked step independently wrong: sets the start accuracy
   c.sft.clean_steps = 420          # correct solutions first: the arithmetic is learned sooner
   c.sft.critic_every = 4           # then every 4th step teaches the critic's answer format
+  c.sft.critic_from = -1           # the step critic batches start after; < 0: after clean_steps
   c.sft.critic_batch_size = 16
   c.sft.critic_seq_len = 256
   c.sft.critic_value_mistake_rate = -1.0  # critic examples' values: < 0 = the corpus's own rate
@@ -123,6 +124,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.no_reference = False
   # Off: the paper. On: only judge-valued targets measure readiness (controller/settings.py).
   c.controller.readiness_judged_only = False
+  # Off: the paper (ready forever). On: a failed audit makes its problem unready again.
+  c.controller.readiness_revocable = False
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems

@@ -41,6 +41,10 @@ class SFTSettings:
   step_mistake_rate: float = 0.25  # built-in task: each step independently wrong
   clean_steps: int = 0  # built-in task: the first steps train on correct solutions only
   critic_every: int = 0  # after clean_steps, every n-th step is a critic batch; 0 = never
+  # The step after which critic batches start; < 0: after clean_steps. From 0, the critic's
+  # examples share the steps where the policy learns its arithmetic (a lever for a critic that
+  # has to grow a check of the lines while the representations still move).
+  critic_from: int = -1
   critic_batch_size: int = 16
   critic_seq_len: int = 256
   # Built-in task: the critic examples are labelled with the values of a solver at this step
@@ -75,7 +79,18 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
   return tokens, mask
 
 
-_LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0}
+_LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0, 'critic_from': -1}
+
+
+def critic_start(settings: SFTSettings) -> int:
+  """The step after which critic batches start."""
+  return settings.clean_steps if settings.critic_from < 0 else settings.critic_from
+
+
+def is_critic_step(settings: SFTSettings, i: int) -> bool:
+  """Whether step i (1-based) trains on a critic batch."""
+  start = critic_start(settings)
+  return bool(settings.critic_every) and i > start and (i - start) % settings.critic_every == 0
 
 
 def settings_key(model_config, settings: SFTSettings, data_key: str) -> str:
@@ -136,14 +151,10 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
   if settings.critic_every and critic_examples is None:
     raise ValueError('SFTSettings.critic_every > 0 needs critic_examples')
 
-  def is_critic_step(i):
-    return bool(settings.critic_every) and i > settings.clean_steps and (
-        (i - settings.clean_steps) % settings.critic_every == 0)
-
   start = time.time()
   losses = {'solutions': float('nan'), 'critic': float('nan')}
   for i in range(1, settings.steps + 1):
-    if is_critic_step(i):
+    if is_critic_step(settings, i):
       kind, batch = 'critic', make_batch(critic_examples, settings.critic_batch_size,
                                          settings.critic_seq_len, 'critic_seq_len')
     else:
@@ -154,7 +165,7 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
       log(f'SFT step {i}/{settings.steps} loss {float(losses["solutions"]):.4f}'
           # The critic examples start after the clean steps: no loss to print before.
           + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every
-             and i >= settings.clean_steps + settings.critic_every else '')
+             and i >= critic_start(settings) + settings.critic_every else '')
           + f' ({time.time() - start:.0f}s)')
   models.save_hf_checkpoint(model_config, params, out_dir)
   with open(done_path, 'w') as f:
