@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ac2_jax import models, sampling, sharding
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import state as state_lib
 from ac2_jax.train import dry_run, experiment, loop
 
@@ -178,3 +179,22 @@ def test_bad_mesh_and_training_with_dry_run_are_errors(tmp_path):
   with pytest.raises(ValueError, match='dry_run'):
     loop.train(c, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_the_critic_adapter_is_counted():
+  """With critic.adapter_rank the state holds the adapter and its Adam moments (not the shared
+  weights' moments) and the merged critic weights, all equal to the real tree's bytes."""
+  c = _load_config('ac2')
+  plain = dry_run.run(experiment.dry_run_plan(c, num_devices=1)).memory['state']
+  c.critic.adapter_rank = 4
+  report = dry_run.run(experiment.dry_run_plan(c, num_devices=1))
+  state = report.memory['state']
+  params = models.init_params(report.plan.model, jax.random.key(0))
+  adapter = critic_adapter.init_adapter(params, 4, jax.random.key(1))
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  assert state['critic adapter (A, B)'] == nbytes(adapter)
+  assert state['merged critic weights (W + A B), one per step'] == state['parameters']
+  assert state['parameters'] == plain['parameters']
+  # Adam's mu and nu over the adapter (and a step count), far fewer bytes than over the weights.
+  assert 2 * nbytes(adapter) <= state['critic optimizer (Adam mu, nu)'] <= 2 * nbytes(adapter) + 16
+  assert state['critic optimizer (Adam mu, nu)'] < plain['critic optimizer (Adam mu, nu)']

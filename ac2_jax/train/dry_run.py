@@ -8,7 +8,10 @@ is read when it is there). The report gives bytes per device, by phase:
 
   state     parameters + actor AdamW moments + critic Adam moments: resident for the whole run.
             With a separate value critic (PPO, PACT): its parameters and AdamW moments instead
-            of AC2's critic moments (its frozen attention, if set, holds no moments).
+            of AC2's critic moments (its frozen attention, if set, holds no moments). With the
+            critic adapter (critic.adapter_rank): the adapter, its Adam moments instead of
+            the shared weights', and the merged critic weights W + A B that the runtime writes
+            once per step for the critic's reads (a second copy of the parameters).
   sampling  the KV cache of one sampler call (`sampling.max_batch` rows at the longest context,
             bucketed as the sampler pads) and the prefill's activations of one layer.
   update    gradients, float32 logits of one micro-batch (the losses take a log-softmax over
@@ -35,6 +38,7 @@ from jax.sharding import AbstractMesh, AxisType
 from ac2_jax import models, sampling, sharding
 from ac2_jax.sampling import decode
 from ac2_jax.models.config import ModelConfig
+from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
 from ac2_jax.learner import value_critic
@@ -56,6 +60,7 @@ class Plan:
   mesh_shape: tuple[int, int, int]   # (data, fsdp, tensor)
   sizes: RunSizes
   value: value_critic.ValueSettings | None = None  # the separate value critic (PPO, PACT)
+  critic_adapter_rank: int = 0       # AC2's critic through W + A B (critic.adapter_rank)
 
 
 def sampler_shape(plan: Plan, batch_devices: int) -> tuple[int, int, int]:
@@ -161,7 +166,11 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
                      and jax.default_backend() == 'cpu')
   optim = state_lib.OptimSettings()
   params = jax.eval_shape(lambda: models.init_params(traced, jax.random.key(0)))
-  if plan.value is None:
+  if plan.value is None and plan.critic_adapter_rank:
+    state = jax.eval_shape(lambda p: critic_adapter.init_state(
+        p, critic_adapter.init_adapter(p, plan.critic_adapter_rank, jax.random.key(0)), optim),
+        params)
+  elif plan.value is None:
     state = jax.eval_shape(functools.partial(state_lib.init_state, settings=optim), params)
   else:
     state = jax.eval_shape(lambda p: value_critic.init_state(
@@ -251,7 +260,12 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
   if plan.value is None:
     memory['state']['critic optimizer (Adam mu, nu)'] = _tree_bytes(
         state.critic_opt_state, specs.critic_opt_state, sizes)
-  else:
+  if isinstance(state, critic_adapter.AdapterState):
+    memory['state']['critic adapter (A, B)'] = _tree_bytes(state.critic_adapter,
+                                                          specs.critic_adapter, sizes)
+    memory['state']['merged critic weights (W + A B), one per step'] = (
+        memory['state']['parameters'])
+  if plan.value is not None:
     memory['state']['value critic parameters'] = _tree_bytes(state.value_params,
                                                              specs.value_params, sizes)
     memory['state']['value critic optimizer (AdamW mu, nu)'] = _tree_bytes(

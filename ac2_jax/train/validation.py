@@ -144,7 +144,8 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
   return dry_run.Plan(model=model, model_source=source,
                       mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
                       sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]),
-                      value=value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None)
+                      value=value_settings(c) if c.algorithm in VALUE_ALGORITHMS else None,
+                      critic_adapter_rank=c.critic.adapter_rank)
 
 
 @contextlib.contextmanager
