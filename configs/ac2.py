@@ -54,6 +54,11 @@ walk, session 8") problems are ready from step 5, yet AC2 ends at 0.77-0.85 agai
 0.90: the critic's updates of the shared weights slow the actor (AC2 that is never ready ends where
 AC2 does), and at a critic rate low enough not to, the critic falls behind and readiness stalls.
 
+With the adapter and `--config.sampling.temperature=1.0 --config.actor.learning_rate=3e-5
+--config.num_steps=60` (session 11, BENCHMARKS.md, "The walk with the critic adapter", seeds 0-2) AC2 learns
+step for step with Prefix GRPO (0.47-0.60 -> 0.87-0.90 against 0.87-0.89) on 12-14% fewer decoding FLOPs and
+is level with GRPO per FLOP; problems ready from step 5-13, ready fraction 0.34-0.42 over the second half.
+
 Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
 ac2_jax/train/bench_setting.py; AC2, GRPO and Prefix GRPO on it over 3 seeds above):
 `--config=configs/ac2.py:bench`, combinable with the variants.
