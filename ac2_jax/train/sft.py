@@ -1,7 +1,7 @@
 """Supervised warm start: next-token cross-entropy on the response tokens of (prompt, response) pairs.
 
 A second stream of (critic context, value) pairs may teach the critic's answer format: once the
-first `clean_steps` are done, every `critic_every`-th step trains on a batch of those instead
+first `clean_steps` (or `critic_from`) steps are done, every `critic_every`-th step trains on a batch of those instead
 (their contexts are longer, so they get their own batch shape).
 
 The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
@@ -40,7 +40,7 @@ class SFTSettings:
   mistake_rate: float = 0.0  # built-in task: share of worked solutions with one injected mistake
   step_mistake_rate: float = 0.25  # built-in task: each step independently wrong
   clean_steps: int = 0  # built-in task: the first steps train on correct solutions only
-  critic_every: int = 0  # after clean_steps, every n-th step is a critic batch; 0 = never
+  critic_every: int = 0  # after critic_start, every n-th step is a critic batch; 0 = never
   # The step after which critic batches start; < 0: after clean_steps. From 0, the critic's
   # examples share the steps where the policy learns its arithmetic (a lever for a critic that
   # has to grow a check of the lines while the representations still move).
@@ -163,7 +163,7 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     losses[kind] = loss
     if i % 50 == 0 or i == settings.steps:
       log(f'SFT step {i}/{settings.steps} loss {float(losses["solutions"]):.4f}'
-          # The critic examples start after the clean steps: no loss to print before.
+          # The critic examples start after critic_start: no loss to print before.
           + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every
              and i >= critic_start(settings) + settings.critic_every else '')
           + f' ({time.time() - start:.0f}s)')
