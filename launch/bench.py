@@ -13,6 +13,8 @@
   python launch/bench.py critic --workdir=DIR   # can the critic judge the policy's prefixes?
   python launch/bench.py critic_exact --workdir=DIR   # can it learn exact prefix values at all?
   python launch/bench.py critic_update --workdir=DIR  # a critic update split by length vs not
+  python launch/bench.py critic_drift --checkpoint=RUN  # what moved a run's critic: its update,
+                                      # or the actor's updates of the weights it reads
 """
 
 import sys
@@ -42,10 +44,12 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import critic_exact as bench
   elif name == 'critic_update':
     from ac2_jax.bench import critic_update as bench
+  elif name == 'critic_drift':
+    from ac2_jax.bench import critic_drift as bench
   else:
     raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, '
                      'decode_segments, train, steps, kernels, controller, judge, critic, '
-                     'critic_exact or critic_update')
+                     'critic_exact, critic_update or critic_drift')
   bench.main(argv)
 
 

@@ -17,12 +17,13 @@ import pytest
 
 from ac2_jax import models
 from ac2_jax.algorithms import ac2 as ac2_lib
+from ac2_jax.bench import critic_drift
 from ac2_jax.controller.steps import RequestKind
 from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
-from ac2_jax.train import checkpointing, experiment, loop
+from ac2_jax.train import checkpoint_eval, checkpointing, experiment, loop
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (AC2_VARIANTS, REPO, as_flags, check_one_step,  # noqa: F401
                             compile_cache, is_finite_number, length_credit_build_task,
@@ -321,6 +322,25 @@ def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, m
   assert step == 2 and isinstance(state, critic_adapter.AdapterState)
   assert max(float(np.abs(np.asarray(b)).max())
              for b in jax.tree.leaves(state.critic_adapter) if b.shape[0] == rank) > 0  # B moved
+  # bench.py critic_drift on this checkpoint: the buffer's records, read under each weight pair.
+  rt, algorithm, warm = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  _, state, saved = checkpoint_eval.restore_run_state(checkpoint_eval.resolve(str(tmp_path)), c,
+                                                      warm)  # on the run's shardings
+  algorithm.load_state_dict(saved['algorithm'])
+  drift = critic_drift.run(rt, algorithm, warm, state, draws=2, log=lambda *_: None)
+  assert list(drift) == ['run critic W_t + A_t B_t', 'W_0 + A_t B_t', 'warm start W_0',
+                         'policy W_t']
+  records = critic_drift.buffer_records(algorithm.controller, 2)
+  assert {f['records'] for f in drift.values()} == {len(records)} and records
+  np.testing.assert_allclose(drift['warm start W_0']['target_mean'],
+                             np.mean([r.target for r in records]))
+  direct = rows_lib.critic_reader(rt.critic_readout)(
+      rt, params, [rt.prompt_ids_by_id[r.problem_id] for r in records],
+      [r.prefix_tokens_P for r in records], [r.reference for r in records])
+  assert drift['warm start W_0']['invalid'] == sum(v is None for v in direct)
+  if any(v is not None for v in direct):  # a 3-step warm start rarely puts half its mass on the grid
+    np.testing.assert_allclose(drift['warm start W_0']['read_mean'],
+                               np.mean([v for v in direct if v is not None]), rtol=1e-5)
 
 
 def test_critic_adapter_needs_ac2(train_base):
