@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ac2_jax.controller import (Continuation, Controller, RequestKind, RequestResult, ValueSource)
+from ac2_jax.controller import (ChunkEnd, Continuation, Controller, RequestKind, RequestResult,
+                                ValueSource)
 from controller_harness import make_results, problem_ids, run_step, tiny_settings
 
 
@@ -204,3 +205,36 @@ def test_bad_results_are_rejected_with_clear_errors():
     c.is_ready('nope')
   with pytest.raises(ValueError, match='duplicates'):
     Controller(s, seed=0, problem_ids=['a', 'a'])
+
+
+def test_chunk_end_pairs_train_on_judged_chunk_ends_with_their_own_rewards():
+  """`chunk_end_pairs`: this step's judged chunk ends become critic records (grid-rounded reward,
+  the bank's reference: with and without it at 1/2), at most that many, without replacement."""
+  s = tiny_settings(n_refill=2, n_batch=2, chunk_end_pairs=2)
+  c = Controller(s, seed=4, problem_ids=problem_ids(2))
+  run_step(c, 0, value=lambda r, j: 1.0 if (r.problem_id == 'p1' and r.kind == RequestKind.REFILL)
+           else 0.5)
+  assert c.reference('p0') is None and c.reference('p1') == 'p1@0.0'
+  ends = [ChunkEnd(0, np.array([5, 6], np.int32), 0.26), ChunkEnd(1, np.array([7], np.int32), 1.0),
+          ChunkEnd(1, np.array([8, 9, 10], np.int32), 0.04)]
+  batch = c.chunk_end_batch(1, ends)
+  assert batch.num_pairs == 2 and batch.num_skipped == 0
+  by_prefix = {tuple(r.prefix_tokens_P): [] for r in batch.records}
+  for r in batch.records:
+    by_prefix[tuple(r.prefix_tokens_P)].append((r.problem_id, r.target, r.reference, r.weight))
+  expected = {(5, 6): [('p0', 0.3, None, 1.0)],
+              (7,): [('p1', 1.0, 'p1@0.0', 0.5), ('p1', 1.0, None, 0.5)],
+              (8, 9, 10): [('p1', 0.0, 'p1@0.0', 0.5), ('p1', 0.0, None, 0.5)]}
+  assert len(by_prefix) == 2 and all(by_prefix[k] == expected[k] for k in by_prefix)
+  same = c.chunk_end_batch(1, ends)  # seeded by the step
+  assert [tuple(r.prefix_tokens_P) for r in same.records] == [
+      tuple(r.prefix_tokens_P) for r in batch.records]
+  # A context limit skips what does not fit; 0 (the default) adds nothing.
+  assert c.chunk_end_batch(1, ends, context_limit=1).num_pairs == 0
+  off = Controller(tiny_settings(n_refill=2, n_batch=2), seed=4, problem_ids=problem_ids(2))
+  assert off.chunk_end_batch(1, ends).records == ()
+  plain = Controller(tiny_settings(n_refill=2, n_batch=2, chunk_end_pairs=5, no_reference=True),
+                     seed=4, problem_ids=problem_ids(2))
+  assert all(r.reference is None and r.weight == 1.0
+             for r in plain.chunk_end_batch(1, ends).records)
+  assert plain.chunk_end_batch(1, ends).num_pairs == 3

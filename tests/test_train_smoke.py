@@ -343,6 +343,18 @@ def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, m
                                np.mean([v for v in direct if v is not None]), rtol=1e-5)
 
 
+def test_chunk_end_pairs_join_the_critic_update(train_base, tmp_path, monkeypatch):
+  """`controller.chunk_end_pairs`: the step's judged chunk ends are trained beside the buffer's
+  pairs (each a record or two), and the step runs through."""
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, 'ac2', **{'controller.chunk_end_pairs': 6})
+  loop.train(c, str(tmp_path), log=lambda *_: None)
+  record = read_records(str(tmp_path))[1]
+  assert 0 < record['critic/chunk_end_pairs'] <= 6
+  assert record['critic/records'] >= record['critic/pairs'] + record['critic/chunk_end_pairs']
+  assert is_finite_number(record['critic/loss']) and record['critic/skipped'] == 0.0
+
+
 def test_critic_adapter_needs_ac2(train_base):
   c = tiny_config(train_base, 'grpo')
   c.critic.adapter_rank = 4

@@ -288,7 +288,7 @@ class AC2(base.Algorithm):
     if self.use_critic:
       with timer('critic_update'):
         state, critic_device, critic_counts = timing.ready(
-            self._critic_update(rt, state, step))
+            self._critic_update(rt, state, step, data))
     with timer('actor_updates'):
       state, m2 = timing.ready(rows_lib.train_actor(rt, state, rollouts, eps_high, 1))
     host = base.host_metrics({'actor1': m1, 'critic': critic_device, 'actor2': m2})
@@ -318,8 +318,9 @@ class AC2(base.Algorithm):
                             reference=rt.task.reference_from_response(row.text)
                             if passing else None)
 
-  def _critic_update(self, rt: Runtime, state, step: int):
-    """The critic update on this step's records; each critic prompt is built once."""
+  def _critic_update(self, rt: Runtime, state, step: int, data: StepData):
+    """The critic update on this step's records (the buffer's, then this step's chunk ends when
+    `chunk_end_pairs` > 0); each critic prompt is built once."""
     contexts = {}
 
     def fits(record) -> bool:
@@ -330,13 +331,26 @@ class AC2(base.Algorithm):
 
     batch = self.controller.critic_batch(step, fits)
     counts = {'pairs': batch.num_pairs, 'skipped_context': batch.num_skipped}
-    device_batch = rows_lib.critic_records_batch(
-        rt, [contexts[id(r)] for r in batch.records], batch.records)
+    records = list(batch.records)
+    if self.settings.chunk_end_pairs:
+      ends = self.controller.chunk_end_batch(step, self._chunk_ends(data), fits)
+      records += ends.records
+      counts['chunk_end_pairs'] = ends.num_pairs
+    device_batch = rows_lib.critic_records_batch(rt, [contexts[id(r)] for r in records], records)
     if device_batch is None:
       return state, {}, counts
     state, metrics = rt.critic_step(state, device_batch,
                                     rt.put_batch(np.float32(self.controller.critic_lr)))
     return state, metrics, counts
+
+  def _chunk_ends(self, data: StepData) -> list[ctl.ChunkEnd]:
+    """The step's judged continuations that ran past the chunk b, at their chunk-end state."""
+    b = self.settings.chunk_size
+    return [ctl.ChunkEnd(self.controller.problem_index(row.request.problem_id),
+                         np.concatenate([row.request.prefix_tokens_P, row.rollout.new_N[:b]]),
+                         row.grade.reward)
+            for row in data.rows
+            if not row.to_critic and row.grade.valid and len(row.rollout.new_N) > b]
 
   def metrics(self, data: StepData, outcome: ctl.StepOutcome, updates: dict) -> dict:
     judged = [r for r in data.rows if not r.to_critic]

@@ -3,7 +3,7 @@
 Start at planner.Controller; the exchanged data types live in steps.py.
 """
 
-from ac2_jax.controller.critic_buffer import CriticBatch, CriticRecord
+from ac2_jax.controller.critic_buffer import ChunkEnd, CriticBatch, CriticRecord
 from ac2_jax.controller.planner import Controller
 from ac2_jax.controller.schedules import CriticLRController, EntropyController
 from ac2_jax.controller.settings import ControllerSettings
@@ -11,7 +11,7 @@ from ac2_jax.controller.steps import (Continuation, GenerationRequest, RequestKi
                                       StepOutcome, StepPlan, StepStats, ValueSource)
 
 __all__ = [
-    'Continuation', 'Controller', 'ControllerSettings', 'CriticBatch', 'CriticLRController',
+    'ChunkEnd', 'Continuation', 'Controller', 'ControllerSettings', 'CriticBatch', 'CriticLRController',
     'CriticRecord', 'EntropyController', 'GenerationRequest', 'RequestKind', 'RequestResult',
     'StepOutcome', 'StepPlan', 'StepStats', 'ValueSource',
 ]

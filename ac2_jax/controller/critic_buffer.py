@@ -16,6 +16,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from ac2_jax.controller.replay import Trajectory
+from ac2_jax.controller.targets import group_target
 
 _EMPTY_PREFIX = np.zeros((0,), np.int32)
 _EMPTY_PREFIX.flags.writeable = False
@@ -68,6 +69,53 @@ def _fits(record: CriticRecord, limit: ContextLimit) -> bool:
   return record.prefix_tokens_P.shape[0] + reference_length <= limit
 
 
+def records_of(prefix_tokens_P: np.ndarray, problem_id: Hashable, target: float, reference: Any,
+               source: int) -> list[CriticRecord]:
+  """A prefix-target example's records: with and without its reference at weight 1/2 each, or the
+  plain prompt alone at weight 1 (AC2 item 9)."""
+  if reference is None:
+    return [CriticRecord(prefix_tokens_P, problem_id, target, None, 1.0, source)]
+  return [CriticRecord(prefix_tokens_P, problem_id, target, reference, 0.5, source),
+          CriticRecord(prefix_tokens_P, problem_id, target, None, 0.5, source)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkEnd:
+  """A judged continuation that ran past the chunk: its state s . c[:b] (tokens after the prompt)
+  and its own reward, one Monte Carlo sample of V there (`chunk_end_pairs`)."""
+  problem: int
+  prefix_tokens_P: np.ndarray
+  reward: float
+
+
+def chunk_end_records(rng: np.random.Generator, chunk_ends: list[ChunkEnd], max_pairs: int,
+                      reference_for: Callable[[int], Any],
+                      problem_id_for: Callable[[int], Hashable],
+                      context_limit: ContextLimit = None) -> CriticBatch:
+  """Up to `max_pairs` of the step's chunk ends, drawn without replacement, as critic records with
+  the grid-rounded reward as the target (those whose context does not fit are skipped)."""
+  return _draw(rng, chunk_ends, max_pairs, lambda end: records_of(
+      end.prefix_tokens_P, problem_id_for(end.problem), group_target([end.reward], 1),
+      reference_for(end.problem), -1), context_limit)
+
+
+def _draw(rng: np.random.Generator, items, max_pairs: int,
+          records_for: Callable[[Any], list[CriticRecord]], limit: ContextLimit) -> CriticBatch:
+  """Walks a random permutation of `items` until `max_pairs` of them fit (or the items end)."""
+  records: list[CriticRecord] = []
+  used = skipped = 0
+  for index in rng.permutation(len(items)):
+    if used == max_pairs:
+      break
+    candidates = records_for(items[int(index)])
+    if all(_fits(r, limit) for r in candidates):
+      records.extend(candidates)
+      used += 1
+    else:
+      skipped += 1
+  return CriticBatch(tuple(records), used, skipped)
+
+
 class CriticBuffer:
   """FIFO of CriticPairs with a fixed capacity."""
 
@@ -95,26 +143,10 @@ class CriticBuffer:
              problem_id_for: Callable[[int], Hashable],
              context_limit: ContextLimit = None) -> CriticBatch:
     """Walks a random permutation of the buffer until `max_pairs` pairs fit (or the buffer ends)."""
-    pairs = self.pairs
-    records: list[CriticRecord] = []
-    used = skipped = 0
-    for index in rng.permutation(len(pairs)):
-      if used == max_pairs:
-        break
-      pair = pairs[int(index)]
-      reference = reference_for(pair)
-      problem_id = problem_id_for(pair.problem)
-      prefix_tokens_P = pair.prefix_tokens_P
+
+    def records_for(pair: CriticPair) -> list[CriticRecord]:
       source = -1 if pair.source is None else pair.source.trajectory_id
-      if reference is None:
-        candidates = [CriticRecord(prefix_tokens_P, problem_id, pair.target, None, 1.0, source)]
-      else:
-        candidates = [
-            CriticRecord(prefix_tokens_P, problem_id, pair.target, reference, 0.5, source),
-            CriticRecord(prefix_tokens_P, problem_id, pair.target, None, 0.5, source)]
-      if all(_fits(r, context_limit) for r in candidates):
-        records.extend(candidates)
-        used += 1
-      else:
-        skipped += 1
-    return CriticBatch(tuple(records), used, skipped)
+      return records_of(pair.prefix_tokens_P, problem_id_for(pair.problem), pair.target,
+                        reference_for(pair), source)
+
+    return _draw(rng, self.pairs, max_pairs, records_for, context_limit)

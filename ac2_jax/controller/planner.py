@@ -25,7 +25,8 @@ from ac2_jax.controller import rng as rng_lib
 from ac2_jax.controller import sampling
 from ac2_jax.controller import state as state_lib
 from ac2_jax.controller.bank import ReferenceBank
-from ac2_jax.controller.critic_buffer import ContextLimit, CriticBatch, CriticBuffer, CriticPair
+from ac2_jax.controller.critic_buffer import (ChunkEnd, ContextLimit, CriticBatch, CriticBuffer,
+                                             CriticPair, chunk_end_records)
 from ac2_jax.controller.readiness import Readiness
 from ac2_jax.controller.replay import ReplayBuffer, Trajectory, freeze_tokens
 from ac2_jax.controller.schedules import CriticLRController, EntropyController
@@ -312,6 +313,16 @@ class Controller:
     return self.critic_buffer.sample(self._generator('critic_batch', int(step)),
                                      self.settings.critic_pairs_per_update, self._pair_reference,
                                      lambda p: self.problem_ids[p], context_limit)
+
+  def chunk_end_batch(self, step: int, chunk_ends: Sequence[ChunkEnd],
+                      context_limit: ContextLimit = None) -> CriticBatch:
+    """This step's extra critic records (`chunk_end_pairs`; none when 0): that many of its judged
+    chunk ends at most, each with the bank's reference (none in the no-reference variant)."""
+    no_reference = self.settings.no_reference
+    return chunk_end_records(self._generator('chunk_end', int(step)), list(chunk_ends),
+                             self.settings.chunk_end_pairs,
+                             lambda p: None if no_reference else self.bank.get(p),
+                             lambda p: self.problem_ids[p], context_limit)
 
   def _pair_reference(self, pair: CriticPair) -> Any:
     if self.settings.no_reference:

@@ -53,6 +53,12 @@ class ControllerSettings:
   critic_buffer_capacity: int = 1_920
   critic_pairs_per_update: int = 768
   min_valid_per_target: int = 8
+  # A departure, 0 (off) in the paper: per step, up to this many judged continuations that ran
+  # past the chunk b add a critic record of their chunk-end state s . c[:b] to this step's critic
+  # update, with their own grid-rounded reward as the target (one Monte Carlo sample; under the
+  # NLL the critic's value distribution then fits the reward's, whose mean is V). Used once, never
+  # stored: the buffer's group-mean targets are unchanged.
+  chunk_end_pairs: int = 0
   # Readiness (item 6).
   readiness_window: int = 5         # complete steps pooled by the global test
   tau_global: float = 0.20
@@ -98,7 +104,7 @@ class ControllerSettings:
                  'critic_lr_patience'):
       value = getattr(self, name)
       need(isinstance(value, int) and value >= 1, f'{name} must be an integer >= 1, got {value!r}')
-    for name in ('n_batch', 'n_refill'):
+    for name in ('n_batch', 'n_refill', 'chunk_end_pairs'):
       value = getattr(self, name)
       need(isinstance(value, int) and value >= 0, f'{name} must be an integer >= 0, got {value!r}')
     need(0.0 <= self.audit_fraction <= 1.0,

@@ -110,6 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.max_cut_fraction = 0.8
   c.controller.critic_buffer_capacity = 160
   c.controller.critic_pairs_per_update = 32
+  # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also
+  # train the critic at their chunk-end state on their own reward (controller/settings.py).
+  c.controller.chunk_end_pairs = 0
   c.controller.min_valid_per_target = 4
   c.controller.readiness_window = 5
   c.controller.tau_global = 0.20
