@@ -58,10 +58,10 @@ With the adapter and `--config.sampling.temperature=1.0 --config.actor.learning_
 --config.num_steps=60` (session 11, BENCHMARKS.md, "The walk with the critic adapter", seeds 0-2) AC2 learns
 step for step with Prefix GRPO (0.47-0.60 -> 0.87-0.90 against 0.87-0.89) on 12-14% fewer decoding FLOPs and
 is level with GRPO per FLOP; problems ready from step 5-13, ready fraction 0.34-0.42 over the second half.
-Why readiness stalls (session 12, BENCHMARKS.md, seed 0): at the default critic rate the adapter leaves the
-critic reading its own training records as the warm start does (`launch/bench.py critic_drift`), and neither
-a 10x rate, 3x the pairs per update nor chunk-end pairs (controller.chunk_end_pairs, off by default) lowered
-its error on new prefixes.
+Why readiness stalls (session 12, BENCHMARKS.md, seeds 0 and 1): the critic's updates do not make it rank
+prefixes better than the warm start did (`launch/bench.py critic_drift`), and on seed 0 neither a 10x rate,
+3x the pairs per update nor chunk-end pairs (controller.chunk_end_pairs, off by default) lowered its error on
+new prefixes.
 
 Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
 ac2_jax/train/bench_setting.py; AC2, GRPO and Prefix GRPO on it over 3 seeds above):
