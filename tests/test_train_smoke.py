@@ -338,7 +338,7 @@ def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, m
       rt, params, [rt.prompt_ids_by_id[r.problem_id] for r in records],
       [r.prefix_tokens_P for r in records], [r.reference for r in records])
   assert drift['warm start W_0']['invalid'] == sum(v is None for v in direct)
-  if any(v is not None for v in direct):  # a 3-step warm start rarely puts half its mass on the grid
+  if any(v is not None for v in direct):  # a 3-step warm start rarely puts half its mass on grid
     np.testing.assert_allclose(drift['warm start W_0']['read_mean'],
                                np.mean([v for v in direct if v is not None]), rtol=1e-5)
 

@@ -82,8 +82,8 @@ def run(rt, algorithm, warm_state, run_state, draws: int, log=print) -> dict:
 
 def main(argv: Sequence[str]) -> None:
   parser = argparse.ArgumentParser(prog='bench.py critic_drift', description=__doc__.split('\n')[0])
-  parser.add_argument('--checkpoint', required=True,
-                      help='a run: its workdir (the latest checkpoint) or WORKDIR/checkpoints/<step>')
+  parser.add_argument('--checkpoint', required=True, help='a run: its workdir (the latest '
+                      'checkpoint) or WORKDIR/checkpoints/<step>')
   parser.add_argument('--draws', type=int, default=6, help='critic batches drawn from the buffer')
   args = parser.parse_args(argv)
   if args.draws < 1:

@@ -11,7 +11,7 @@ from ac2_jax.controller.steps import (Continuation, GenerationRequest, RequestKi
                                       StepOutcome, StepPlan, StepStats, ValueSource)
 
 __all__ = [
-    'ChunkEnd', 'Continuation', 'Controller', 'ControllerSettings', 'CriticBatch', 'CriticLRController',
-    'CriticRecord', 'EntropyController', 'GenerationRequest', 'RequestKind', 'RequestResult',
-    'StepOutcome', 'StepPlan', 'StepStats', 'ValueSource',
+    'ChunkEnd', 'Continuation', 'Controller', 'ControllerSettings', 'CriticBatch',
+    'CriticLRController', 'CriticRecord', 'EntropyController', 'GenerationRequest', 'RequestKind',
+    'RequestResult', 'StepOutcome', 'StepPlan', 'StepStats', 'ValueSource',
 ]

@@ -4,7 +4,8 @@ A pair points at the trajectory its prefix was cut from (None for an empty cold-
 the prefix tokens are a view, not a copy. Each update samples up to N pairs without replacement
 (this step's new pairs included), skips pairs whose context does not fit, and expands a pair with a
 reference into two records (with and without the reference, weight 1/2 each), a pair without one
-into one record (weight 1).
+into one record (weight 1). With `chunk_end_pairs` > 0 a step's judged chunk ends are drawn the same
+way into records of their own (`chunk_end_records`), used by that step's update alone.
 """
 
 from __future__ import annotations
