@@ -6,16 +6,18 @@
     --root=/tmp/ablations --quick
 
 A rerun with the same --root skips finished runs and resumes unfinished ones. Writes
-ROOT/compare.json and ROOT/plots/*.png and prints the table (ac2_jax/train/compare.py).
+ROOT/compare.json and ROOT/plots/*.png and prints the table (ac2_jax/train/compare.py). SIGTERM or
+SIGINT stops the comparison after the current run's checkpoint, with exit status 75 (as tpu_run.py).
 """
 
 import ast
 import os
+import sys
 
 import jax
 from absl import app, flags, logging
 
-from ac2_jax.train import compare, console
+from ac2_jax.train import cli, compare, console
 
 _METHODS = flags.DEFINE_list('methods', ['ac2', 'grpo', 'prefix_grpo'],
                              'configs/<name>.py (ac2, grpo, prefix_grpo, ppo, pact, lisao, '
@@ -49,12 +51,14 @@ def main(argv):
   root = os.path.abspath(_ROOT.value)
   jax.config.update('jax_compilation_cache_dir', os.path.join(root, 'jax_cache'))
   overrides = tuple((k, _literal(v)) for k, _, v in (s.partition('=') for s in _SET.value))
-  compare.compare(compare.CompareSettings(
+  report = compare.compare(compare.CompareSettings(
       methods=tuple(_METHODS.value), seeds=tuple(int(s) for s in _SEEDS.value), root=root,
       configs_dir=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs'),
       config_arg=_CONFIG_ARG.value, quick=_QUICK.value, eval_every=_EVAL_EVERY.value,
       eval_problems=_EVAL_PROBLEMS.value, eval_responses=_EVAL_RESPONSES.value,
       overrides=overrides))
+  if report.get('stopped'):  # preempted: the stopped run saved its checkpoint
+    sys.exit(cli.EXIT_PREEMPTED)
 
 
 if __name__ == '__main__':

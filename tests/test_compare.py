@@ -4,6 +4,7 @@ launch/evaluate.py's library (mean@n, best-of-n, pass@k) on the runs' checkpoint
 run's audited groups (audits.jsonl) with the critic diagnostics notebook drawn from its workdir
 (every problem is made ready after step 1, so step 2 has ready chunks and audits)."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -225,3 +226,29 @@ def test_report_reaches_by_hand(tmp_path):
   assert runs[1]['reach90']['target'] == pytest.approx(0.56)
   assert report['methods']['grpo']['gain90_flops_ratio_of_means'] == pytest.approx(1.0)
   assert '90%gain' in compare_report.table(report)
+
+
+def test_a_signal_stops_the_whole_comparison(train_base, tmp_path):
+  """SIGTERM during a run (preemption): the run saves its checkpoint and the comparison ends there,
+  the next run not started and no report written; the rerun then resumes the stopped run."""
+  import signal
+  data_dir, sft_dir = train_base
+  settings = dataclasses.replace(
+      _settings(train_base, str(tmp_path)), methods=('grpo', 'prefix_grpo'),
+      overrides=_settings(train_base, str(tmp_path)).overrides + (
+          ('model.init_checkpoint', sft_dir), ('task.data_dir', data_dir)))
+  lines = []
+
+  def log(line):
+    lines.append(line)
+    if 'grpo seed 0] step=1 ' in line and '[1/2' in line:
+      os.kill(os.getpid(), signal.SIGTERM)  # a real signal, caught by the trainer
+
+  report = compare.compare(settings, log=log)
+  assert report['stopped'] and [r['status'] for r in report['runs']] == ['stopped']
+  assert any('stopped at step 1 of 2 (checkpoint saved)' in line for line in lines), lines
+  assert not os.path.exists(compare.run_dir(settings, compare.parse_method('prefix_grpo'), 0))
+  assert not os.path.exists(os.path.join(str(tmp_path), 'compare.json'))
+  lines = []
+  report = compare.compare(settings, log=lines.append)
+  assert 'table' in report and any('resumed from step 1' in line for line in lines), lines

@@ -13,7 +13,9 @@ several joined by '+': `ac2:chunk_small+no_audit`); with `config_arg=bench` it l
 Every run gets the same evaluation (every 5 steps, 128 problems x 8 responses unless told) and
 checkpoints at each evaluation. A rerun skips finished runs (summary.json at the last step) and
 resumes unfinished ones from their checkpoints (the trainer does that from a workdir); results are
-read only from the runs' metrics.jsonl, so the report can be rebuilt at any time.
+read only from the runs' metrics.jsonl, so the report can be rebuilt at any time. A run stopped by
+SIGTERM or SIGINT (preemption) ends the whole comparison there, its checkpoint saved and no report
+written: the next run does not start on a machine that is being taken away.
 """
 
 from __future__ import annotations
@@ -175,7 +177,12 @@ def run_all(s: CompareSettings, log=print) -> list[dict]:
     c.task.data_dir, c.model.init_checkpoint = warm[seed]
     log(f'{tag} {"resuming" if os.path.isdir(workdir) else "starting"} in {workdir}')
     t0 = time.monotonic()
-    loop.train(c, workdir, log=lambda m, t=tag: log(f'{t} {m}'))
+    summary = loop.train(c, workdir, log=lambda m, t=tag: log(f'{t} {m}'))
+    if not summary.finished:
+      log(f'{tag} stopped at step {summary.last_step} of {summary.num_steps} (checkpoint saved); '
+          'rerun the same command to continue')
+      done.append({**entry, 'status': 'stopped'})
+      return done
     trained = [d for d in done if d['status'] == 'trained']
     per_run = (time.monotonic() - started) / (len(trained) + 1)
     log(f'{tag} done in {console.format_duration(time.monotonic() - t0)}; '
@@ -185,8 +192,11 @@ def run_all(s: CompareSettings, log=print) -> list[dict]:
 
 
 def compare(s: CompareSettings, log=print) -> dict:
-  """Runs what is left of the comparison, then writes ROOT/compare.json and the plots."""
+  """Runs what is left of the comparison, then writes ROOT/compare.json and the plots; when a run
+  was stopped (SIGTERM, SIGINT), only {'stopped': True, 'runs': [...]}."""
   runs = run_all(s, log=log)
+  if any(r['status'] == 'stopped' for r in runs):
+    return {'stopped': True, 'runs': runs}
   report = compare_report.write_report(runs, s.root, settings=dataclasses.asdict(s))
   log(report['table'])
   log(f'wrote {os.path.join(s.root, "compare.json")} and {len(report["plots"])} plots in '
