@@ -12,6 +12,7 @@ from ac2_jax import models, sampling
 from ac2_jax.learner import runtime
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
+from ac2_jax.rl import critic_loss
 
 CONFIG = models.get_config('tiny').replace(num_layers=2)
 
@@ -144,6 +145,38 @@ def _critic_batch(contexts, targets, weights, T):
     mask[b, len(s):len(s) + len(t)] = 1.0
   return updates.CriticBatch(jnp.asarray(tokens), jnp.asarray(mask),
                              jnp.asarray(weights, jnp.float32))
+
+
+@pytest.mark.parametrize('tied', [False, True])
+def test_critic_loss_on_its_target_window_equals_the_loss_over_every_position(tied):
+  """The critic's head runs on a window of MAX_VALUE_TOKENS positions from each record's first
+  target: the same loss and gradients as log-probs over the whole sequence, masked, including
+  a record whose window runs past the sequence's end and a padding row with no target."""
+  config = CONFIG.replace(tie_embeddings=tied)
+  rng = np.random.default_rng(5)
+  contexts = [rng.integers(1, config.vocab_size, n).astype(np.int32) for n in (9, 4, 14)]
+  targets = [rng.integers(1, config.vocab_size, n).astype(np.int32) for n in (2, 4, 2)]
+  batch = _critic_batch(contexts + [np.zeros(0, np.int32)], targets + [np.zeros(0, np.int32)],
+                        [1.0, 0.5, 0.5, 0.0], 16)
+  params = models.init_params(config, jax.random.key(2))
+
+  def over_every_position(p):
+    logp = updates.sequence_logprobs(config, p, batch.tokens_BxT, 1.0)
+    return critic_loss.value_nll_loss(logp, batch.target_mask_BxT, batch.weights_B)[0]
+
+  def on_the_window(p):
+    start_B, mask_BxW = updates.target_window(batch.target_mask_BxT, critic_loss.MAX_VALUE_TOKENS)
+    np.testing.assert_array_equal(start_B[:3], [9, 4, 14])
+    logp = updates.window_logprobs(config, p, batch.tokens_BxT, start_B,
+                                   critic_loss.MAX_VALUE_TOKENS, 1.0)
+    return critic_loss.value_nll_loss(logp, mask_BxW, batch.weights_B)[0]
+
+  want, want_grads = jax.value_and_grad(over_every_position)(params)
+  got, got_grads = jax.value_and_grad(on_the_window)(params)
+  assert float(want) > 0
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
 
 
 def test_critic_step_over_length_groups_equals_one_padded_batch():

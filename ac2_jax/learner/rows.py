@@ -20,7 +20,7 @@ import numpy as np
 from ac2_jax import critic, sampling
 from ac2_jax.learner import updates
 from ac2_jax.learner.runtime import Runtime
-from ac2_jax.rl import flops
+from ac2_jax.rl import critic_loss, flops
 
 
 @dataclasses.dataclass
@@ -194,6 +194,12 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: S
   if not records:
     return None
   targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
+  longest = max(len(t) for t in targets)
+  if longest > critic_loss.MAX_VALUE_TOKENS:
+    # The loss reads a window of MAX_VALUE_TOKENS positions (`updates.target_window`): a longer
+    # reply would lose its last tokens silently.
+    raise ValueError(f'a critic target is {longest} tokens (value and end of turn); the critic '
+                     f'loss takes at most {critic_loss.MAX_VALUE_TOKENS}')
   order = sorted(range(len(records)), key=lambda i: len(contexts[i]) + len(targets[i]))
   rows = -(-len(order) // max(1, length_groups))
   if rows < MIN_LENGTH_GROUP_ROWS:

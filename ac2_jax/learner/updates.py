@@ -108,6 +108,35 @@ def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chun
   return jnp.pad(logp_BxTm1, ((0, 0), (1, 0)))
 
 
+def window_logprobs(model_config, params, tokens_BxT, start_B, width: int, temperature,
+                    valid_vocab_size: int = 0):
+  """log pi(token t | tokens < t) for t in [start_B[b], start_B[b] + width) of each row: [B, width].
+
+  Only those positions are projected onto the vocabulary, so a reply of a few tokens after a long
+  context costs the head `width` positions instead of T (at a 150k vocabulary and a 50k-token
+  critic prompt, the head over every position is about a tenth of the whole forward). Positions
+  past the row's end repeat its last token; the caller's mask drops them.
+  """
+  T = tokens_BxT.shape[1]
+  hidden_BxTxE = models.forward(model_config, params, tokens_BxT, output='hidden')[0]
+  targets_BxW = jnp.clip(start_B[:, None] + jnp.arange(width)[None, :], 1, T - 1)
+  hidden_BxWxE = jnp.take_along_axis(hidden_BxTxE, (targets_BxW - 1)[..., None], axis=1)
+  logits_BxWxV = models.head_logits(model_config, params, hidden_BxWxE)
+  return entropy.token_logprobs(logits_BxWxV, jnp.take_along_axis(tokens_BxT, targets_BxW, axis=1),
+                                temperature, valid_vocab_size)
+
+
+def target_window(target_mask_BxT, width: int):
+  """(start_B, mask_BxW): where each row's targets begin (its first masked position; 0 for a row
+  with none) and its mask over the `width` positions from there. The targets must be contiguous
+  and at most `width` long (`rows.critic_records_batch` checks this on the host)."""
+  T = target_mask_BxT.shape[1]
+  start_B = jnp.argmax(target_mask_BxT > 0, axis=1).astype(jnp.int32)
+  index_BxW = start_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+  mask_BxW = jnp.take_along_axis(target_mask_BxT, jnp.minimum(index_BxW, T - 1), axis=1)
+  return start_B, jnp.where(index_BxW < T, mask_BxW, 0.0)
+
+
 def accumulate(loss_fn: Callable, params, batch, micro_batch: int):
   """Sums (loss_sum, count, metric sums) and gradients of loss_sum over micro-batches."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -190,9 +219,10 @@ def critic_grads(settings: UpdateSettings, state: state_lib.TrainState, batch: C
     params = (trained if field == 'params' else critic_adapter.merge(state.params, trained))
     # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
     # it learns the value tokens' likelihood over that support too.
-    logp = sequence_logprobs(settings.model, params, mb.tokens_BxT, 1.0, settings.logits_chunk,
-                             settings.valid_vocab_size)
-    loss_sum, count = critic_loss.value_nll_loss(logp, mb.target_mask_BxT, mb.weights_B)
+    start_B, mask_BxW = target_window(mb.target_mask_BxT, critic_loss.MAX_VALUE_TOKENS)
+    logp_BxW = window_logprobs(settings.model, params, mb.tokens_BxT, start_B,
+                               critic_loss.MAX_VALUE_TOKENS, 1.0, settings.valid_vocab_size)
+    loss_sum, count = critic_loss.value_nll_loss(logp_BxW, mask_BxW, mb.weights_B)
     return loss_sum, (count, {})
 
   loss_sum, count, _, grads = accumulate(loss_fn, getattr(state, field), batch,
