@@ -13,9 +13,10 @@ def test_default_shapes_are_a_default_runs_update_batches():
   c = load_config('ac2')
   shapes = bench.default_shapes(c)
   ctl = c.controller
-  # Half of the 16 x 8 trained rows, each a 49-token prompt plus the 80-token budget (bucket 192).
+  # Half of the 16 x 8 trained rows, each a 49-token prompt plus the 80-token budget (training
+  # bucket 144).
   assert shapes.prompt_tokens == 49
-  assert shapes.actor == (ctl.n_batch * ctl.group_size // c.actor.minibatches, 192)
+  assert shapes.actor == (ctl.n_batch * ctl.group_size // c.actor.minibatches, 144)
   rows, length = shapes.critic
   assert rows == ctl.critic_pairs_per_update
   # A critic context holds the prompt, the prefix, a reference and the value tokens.

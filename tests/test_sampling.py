@@ -144,6 +144,16 @@ def test_buckets():
   assert [requests.bucket(n, 8) for n in (1, 9, 13, 20)] == [8, 12, 16, 24]
 
 
+def test_train_buckets_waste_at_most_an_eighth_above_128():
+  sizes = (1, 16, 17, 100, 129, 136, 145, 250, 257, 330, 1000)
+  assert [requests.train_bucket(n) for n in sizes] == [
+      16, 16, 32, 112, 144, 144, 160, 256, 288, 352, 1024]
+  for n in range(129, 5000):
+    assert n <= requests.train_bucket(n) <= n * 9 / 8
+  with pytest.raises(ValueError, match='size must be >= 1'):
+    requests.train_bucket(0)
+
+
 def test_pack_pads_to_buckets_and_caps_at_total_length():
   packed = requests.pack(make_contexts([3, 20]), [5, 40], [5, 100], vocab_size=512,
                          max_total_len=50, batch_multiple=4)

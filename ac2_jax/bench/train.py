@@ -74,7 +74,7 @@ def default_shapes(c) -> Shapes:
                for r in task.records(s))
   ctl = c.controller
   actor_rows = rows_lib.bucket_rows(-(-ctl.n_batch * ctl.group_size // c.actor.minibatches), 1)
-  actor_len = sampling.bucket(prompt + ctl.response_budget)
+  actor_len = sampling.train_bucket(prompt + ctl.response_budget)
   # The longest critic context: a prefix cut at max_cut tokens, valued with a reference.
   record = task.records('train')[0]
   reference = tok.encode(record.reference_solution)
@@ -83,7 +83,8 @@ def default_shapes(c) -> Shapes:
   context = critic.critic_context_ids(
       tok, task.prompt_ids(tok, record), prefix,
       instruction_text=task.critic_instruction(record.reference_solution))
-  critic_len = sampling.bucket(min(len(context), c.critic.max_context) + sampling.MAX_VALUE_TOKENS)
+  critic_len = sampling.train_bucket(min(len(context), c.critic.max_context)
+                                     + sampling.MAX_VALUE_TOKENS)
   critic_rows = rows_lib.bucket_rows(ctl.critic_pairs_per_update, 1)
   return Shapes(tok.vocab_size, (actor_rows, actor_len), (critic_rows, critic_len), prompt)
 

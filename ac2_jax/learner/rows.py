@@ -71,7 +71,7 @@ def bucket_rows(n: int, multiple: int) -> int:
 
 def actor_batch(rt: Runtime, rows: Sequence[Row]) -> updates.ActorBatch:
   """Right-padded (context + new tokens) with the loss on generated tokens, rows and length bucketed."""
-  T = sampling.bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
+  T = sampling.train_bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
   B = bucket_rows(len(rows), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)
@@ -210,7 +210,7 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: S
 
 
 def _critic_batch(rt: Runtime, contexts, targets, weights) -> updates.CriticBatch:
-  T = sampling.bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
+  T = sampling.train_bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
   B = bucket_rows(len(contexts), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   mask = np.zeros((B, T), np.float32)

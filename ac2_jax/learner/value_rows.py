@@ -60,7 +60,7 @@ def value_batch(rt: Runtime, rows: Sequence[rows_lib.Row], targets: Sequence[np.
                 ) -> value_critic.ValueBatch:
   """Right-padded (context + new tokens) with per-token targets, masks and old values; with
   `groups` and `rewards` (per row) also the ranking term's rows (`ValueBatch`)."""
-  T = sampling.bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
+  T = sampling.train_bucket(max(len(r.context_P) + len(r.new_N) for r in rows))
   B = rows_lib.bucket_rows(len(rows), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
   per_token = np.zeros((3, B, T), np.float32)

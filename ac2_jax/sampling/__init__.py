@@ -11,9 +11,9 @@ from ac2_jax.sampling.decode import trace_count
 from ac2_jax.sampling.distribution import entropy, sampling_log_probs
 from ac2_jax.sampling.sampler import generate
 from ac2_jax.sampling.requests import (STOP_BUDGET, STOP_CHUNK_CAP, STOP_EOS, SampleOutput,
-                                       bucket)
+                                       bucket, train_bucket)
 from ac2_jax.sampling.settings import SamplingSettings
 
 __all__ = ['MAX_VALUE_TOKENS', 'STOP_BUDGET', 'STOP_CHUNK_CAP', 'STOP_EOS', 'SampleOutput',
            'SamplingSettings', 'bucket', 'entropy', 'generate', 'greedy_decode',
-           'sampling_log_probs', 'token_distribution', 'trace_count']
+           'sampling_log_probs', 'token_distribution', 'trace_count', 'train_bucket']

@@ -33,6 +33,22 @@ def bucket(n: int, minimum: int = MIN_LENGTH_BUCKET) -> int:
     size *= 2
 
 
+def train_bucket(n: int, minimum: int = MIN_LENGTH_BUCKET) -> int:
+  """The smallest multiple of max(minimum, 2^(ceil(log2 n) - 4)) that is >= n: eight steps an
+  octave (..., 128, 144, 160, ..., 256, 288, ...), so padding wastes at most an eighth.
+
+  For the sequence length of training batches. A training step's cost grows with its padded
+  length (an actor update of 72 rows at T = 144 took 0.56x its time at `bucket`'s 192, where a
+  chain response of 136 tokens lands), and its shapes repeat from step to step (full responses
+  set the longest row), so the finer ladder costs few compilations; the sampler, whose shapes
+  vary with every cut, keeps `bucket`.
+  """
+  if n < 1:
+    raise ValueError(f'train_bucket: size must be >= 1, got {n}')
+  step = max(minimum, 1 << max(0, (n - 1).bit_length() - 4))
+  return -(-n // step) * step
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedRequests:
   """Requests as the decoder takes them: B >= N rows, the last B - N are padding.

@@ -182,8 +182,8 @@ def _check_shapes(plan: Plan, mesh: AbstractMesh, notes: list):
 
   # The actor traces the micro-batch scan as configured (two micro-batches); the critic one
   # micro-batch: the same forward and backward, and a 36-layer trace costs seconds.
-  T_actor = sampling.bucket(plan.sizes.prompt_tokens + plan.sizes.response_budget)
-  T_critic = sampling.bucket(plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS)
+  T_actor = sampling.train_bucket(plan.sizes.prompt_tokens + plan.sizes.response_budget)
+  T_critic = sampling.train_bucket(plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS)
   rows = max(plan.sizes.micro_batch, 1)
   actor_batch = updates.ActorBatch(_sds((2 * rows, T_actor), jnp.int32),
                                    *[_sds((2 * rows, T_actor), jnp.float32)] * 3)
@@ -285,7 +285,7 @@ def _memory(plan: Plan, state, mesh: AbstractMesh, notes: list) -> dict:
       memory['sampling'][f'KV cache of the last segment but one (xla), while the cache grows: '
                          f'{P + ends[-2]} tokens'] = rows * (P + ends[-2]) * kv_per_token
 
-  T = sampling.bucket(max(plan.sizes.prompt_tokens + plan.sizes.response_budget,
+  T = sampling.train_bucket(max(plan.sizes.prompt_tokens + plan.sizes.response_budget,
                           plan.sizes.critic_context + sampling.MAX_VALUE_TOKENS))
   rows = -(-plan.sizes.update_rows // batch_devices)
   kept_per_token = m.hidden_size if m.remat else 4 * m.hidden_size + 3 * ffn
