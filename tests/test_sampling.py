@@ -242,6 +242,26 @@ def test_rows_do_not_depend_on_neighbours_padding_or_grouping(params, plain_run)
   np.testing.assert_allclose(grouped.logprobs_NxT, plain_run.logprobs_NxT, atol=1e-5)
 
 
+def test_short_caps_in_calls_of_their_own_give_the_same_rows(params, plain_run):
+  """AC2's ready chunks (caps <= short_cap) decode in their own call: the same tokens and
+  log-probs in request order."""
+  caps = [CAP, 4, CAP, 3, 4]
+  together = sampling.generate(CONFIG, params, CONTEXTS, caps, PLAIN, KEY, stop_ids=())
+  split = sampling.generate(CONFIG, params, CONTEXTS, caps, PLAIN, KEY, stop_ids=(), short_cap=4)
+  np.testing.assert_array_equal(split.tokens_NxT, together.tokens_NxT)
+  np.testing.assert_allclose(split.logprobs_NxT, together.logprobs_NxT, atol=1e-5)
+  np.testing.assert_array_equal(split.stop_reason_N, together.stop_reason_N)
+  for i in (0, 2):
+    np.testing.assert_array_equal(split.tokens(i), plain_run.tokens(i), err_msg=f'row {i}')
+  assert list(split.num_new_N) == caps
+  # Every request short, or none: one call, as without the split.
+  np.testing.assert_array_equal(sampling.generate(CONFIG, params, CONTEXTS, 3, PLAIN, KEY,
+                                                  stop_ids=(), short_cap=4).tokens_NxT,
+                                plain_run.tokens_NxT[:, :3])
+  with pytest.raises(ValueError, match='short_cap must be >= 0'):
+    sampling.generate(CONFIG, params, CONTEXTS, caps, PLAIN, KEY, stop_ids=(), short_cap=-1)
+
+
 def test_greedy_prefix_continuation_equals_forced_prefix(params):
   contexts = CONTEXTS[:2] + CONTEXTS[3:]
   full = sampling.generate(CONFIG, params, contexts, CAP, GREEDY, KEY, stop_ids=())

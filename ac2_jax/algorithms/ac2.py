@@ -136,8 +136,9 @@ class AC2(base.Algorithm):
         problems.append(p)
         caps.append(req.max_new_tokens)
         budgets.append(req.remaining_budget)
+    short_cap = self.settings.chunk_size if self.settings.chunk_calls else 0
     rollouts, flops = rows_lib.generate_rows(rt, params, contexts, prefix_lens, problems, caps,
-                                             budgets, key, rt.train_sampling)
+                                             budgets, key, rt.train_sampling, short_cap)
     texts = rows_lib.response_texts(rt, rollouts)
     rows = [ChunkRow(r, plan.requests[r], rollout, text)
             for r, rollout, text in zip(owners, rollouts, texts)]

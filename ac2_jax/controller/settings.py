@@ -47,6 +47,10 @@ class ControllerSettings:
   buffer_capacity: int = 256        # replay buffer B, trajectories (FIFO)
   response_budget: int = 50_000     # prefix + new tokens
   chunk_size: int = 10_000          # b: new tokens of a ready chunk
+  # Ready chunks are decoded in sampler calls of their own (`sampling.generate`'s short_cap): the
+  # same tokens, in b decode steps instead of the step's longest continuation. A CPU's decode step
+  # costs more with more rows, so it saves there; on an accelerator it adds b sequential steps.
+  chunk_calls: bool = False
   cut_grid: int = 10_000            # cut positions are multiples of this
   max_cut_fraction: float = 0.9     # cut <= max_cut_fraction * L (and <= L - 1)
   # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).

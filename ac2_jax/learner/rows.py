@@ -46,12 +46,15 @@ class Row:
 
 def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_lens: Sequence[int],
                   problem_indices: Sequence[int], caps: Sequence[int], budgets: Sequence[int],
-                  key: jax.Array, settings: sampling.SamplingSettings) -> tuple[list[Row], float]:
-  """Samples one continuation per context; returns the rows and their decoding FLOPs."""
+                  key: jax.Array, settings: sampling.SamplingSettings, short_cap: int = 0
+                  ) -> tuple[list[Row], float]:
+  """Samples one continuation per context; returns the rows and their decoding FLOPs. Rows whose
+  cap is at most `short_cap` decode in calls of their own (`sampling.generate`)."""
   out = sampling.generate(rt.model_config, params, list(contexts), np.asarray(caps),
                           settings, key, (rt.tokenizer.eos_id,),
                           budget_new_tokens=np.asarray(budgets), mesh=rt.mesh,
-                          max_total_len=rt.max_total_len, max_batch=rt.max_sample_batch)
+                          max_total_len=rt.max_total_len, max_batch=rt.max_sample_batch,
+                          short_cap=short_cap)
   rows = [Row(int(problem_indices[i]), np.asarray(contexts[i], np.int32), int(prefix_lens[i]),
               out.tokens(i), out.logprobs(i), out.entropies(i), str(out.stop_reason_N[i]))
           for i in range(len(out))]

@@ -71,7 +71,8 @@ def to_host(tree, name: str):
 def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_new_tokens,
              settings: SamplingSettings, key: jax.Array, stop_ids: Sequence[int],
              budget_new_tokens=None, mesh: Mesh | None = None, *, row_ids=None,
-             max_total_len: int | None = None, max_batch: int | None = None) -> SampleOutput:
+             max_total_len: int | None = None, max_batch: int | None = None,
+             short_cap: int = 0) -> SampleOutput:
   """Samples a continuation of every context.
 
   Each context is a prompt plus an optional replayed prefix. A row stops at the first stop token,
@@ -90,6 +91,12 @@ def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_ne
     row_ids: per-request key index, default 0..N-1.
     max_total_len: context + new tokens limit, default `config.max_position_embeddings`.
     max_batch: at most this many requests per device call (grouped by context length).
+    short_cap: requests whose cap is at most this many tokens (AC2's ready chunks) are generated
+      in calls of their own (0: no split). A call decodes every row until its longest one stops,
+      so a chunk of b tokens that shares a call with full continuations costs their length; on
+      its own it costs b steps. Worth it where a decode step's cost grows with the rows (a CPU);
+      on an accelerator a step costs about the same at any batch size and the split adds b
+      sequential steps. The tokens are the same either way (per-row keys).
 
   Returns:
     A `SampleOutput` in request order.
@@ -105,14 +112,20 @@ def generate(config: ModelConfig, params, contexts: Sequence[np.ndarray], max_ne
   budgets_N = (None if budget_new_tokens is None
                else requests.as_row_ints(budget_new_tokens, n, 'budget_new_tokens'))
   row_ids = np.arange(n) if row_ids is None else requests.as_row_ints(row_ids, n, 'row_ids')
-  if max_batch is None or n <= max_batch:
-    groups = [np.arange(n)]
-  else:
-    if max_batch < 1:
-      raise ValueError(f'max_batch must be >= 1, got {max_batch}')
+  if max_batch is not None and max_batch < 1:
+    raise ValueError(f'max_batch must be >= 1, got {max_batch}')
+  if short_cap < 0:
+    raise ValueError(f'short_cap must be >= 0, got {short_cap}')
+  short_N = caps_N <= short_cap
+  parts = [np.flatnonzero(short_N), np.flatnonzero(~short_N)] if short_N.any() else [np.arange(n)]
+  groups = []
+  for part in (p for p in parts if len(p)):
+    if max_batch is None or len(part) <= max_batch:
+      groups.append(part)
+      continue
     # Similar lengths share a call, so each call pads little.
-    order = np.argsort([-len(c) for c in contexts], kind='stable')
-    groups = [order[i:i + max_batch] for i in range(0, n, max_batch)]
+    order = part[np.argsort([-len(contexts[i]) for i in part], kind='stable')]
+    groups += [order[i:i + max_batch] for i in range(0, len(part), max_batch)]
 
   if mesh is not None and NamedSharding(mesh, P()).is_fully_addressable:
     # Explicitly on every device: the jitted decoder's inputs arrive placed, none moved implicitly.

@@ -103,6 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.buffer_capacity = 64
   c.controller.response_budget = 80   # a K=8 solution is about 60 tokens
   c.controller.chunk_size = 16        # about 4 chunks per solution
+  # Ready chunks decode in calls of their own (same tokens; on a CPU a chunk in a call with full
+  # continuations costs their length, not its own; the paper's accelerators keep one call).
+  c.controller.chunk_calls = True
   c.controller.cut_grid = 16
   # 0.9 in the paper; 0.8 keeps every cut inside the reasoning of a K=8 solution (48 of its 55
   # tokens), so no replayed prefix already holds every line (measured: those groups all had equal
@@ -314,6 +317,7 @@ def paper_scale(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.controller.buffer_capacity = 256
   c.controller.response_budget = 50_000
   c.controller.chunk_size = 10_000
+  c.controller.chunk_calls = False
   c.controller.cut_grid = 10_000
   c.controller.max_cut_fraction = 0.9
   c.controller.critic_buffer_capacity = 1_920

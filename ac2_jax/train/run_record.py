@@ -28,6 +28,8 @@ RESUMABLE_KEYS = frozenset({
     'judge.max_concurrency',
     'judge.timeout_s',
     'judge.api_key_env',
+    # How the sampler groups a step's rows into calls; the tokens are the same either way.
+    'controller.chunk_calls',
 })
 
 
