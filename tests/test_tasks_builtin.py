@@ -185,6 +185,26 @@ def test_score_batch_never_raises(record):
   assert 'not a built-in chain prompt' in grades[1].detail
 
 
+def test_beside_layout_pairs_each_written_line_with_the_references():
+  """'beside': attempt line i then reference line i, the reference's later lines and its answer
+  alone; the plain layouts and the instruction without a reference do not read the response."""
+  reference = RIGHT.replace('\n</think>\n\n', '\n')
+  attempt = '11-5=6\n6+3=2\n2+2=4\n4*'  # a wrong second line carried on, a partial fourth
+  text = builtin.beside_reference(reference, attempt)
+  assert text.split('\n')[:5] == ['11-5=6 11-5=6', '6+3=2 6+3=9', '2+2=4 9+2=11', '4* 11*4=5',
+                                   '5*12=8']
+  assert text.endswith('8-3=5\n<answer>5</answer>')
+  assert builtin.beside_reference(reference, '') == reference
+  task = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, critic_prompt='beside'))
+  assert task.critic_sees_response
+  assert task.critic_instruction(reference, attempt) == (
+      'Q value of this attempt?\nSolution:\n' + text)
+  assert task.critic_instruction(None, attempt) == task.critic_instruction(None)
+  short = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, critic_prompt='short'))
+  assert not short.critic_sees_response
+  assert short.critic_instruction(reference, attempt) == short.critic_instruction(reference)
+
+
 def test_task_protocol_reference_and_critic(record):
   task = builtin.BuiltinTask.generate(SMALL)
   assert isinstance(task, base.Task)

@@ -190,7 +190,7 @@ def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
     # A reference for every problem in the bank: without the switch, the critic would read them.
     real = rt.task.critic_instruction
     monkeypatch.setattr(rt.task, 'critic_instruction',
-                        lambda ref: seen_references.append(ref) or real(ref))
+                        lambda ref, response='': seen_references.append(ref) or real(ref, response))
 
   reads = []  # chunk_small: every critic-read batch of step 2, through the real reader
   if arg == 'chunk_small':

@@ -82,7 +82,7 @@ def default_shapes(c) -> Shapes:
   prefix = (reference * (max_cut // len(reference) + 1))[:max_cut]
   context = critic.critic_context_ids(
       tok, task.prompt_ids(tok, record), prefix,
-      instruction_text=task.critic_instruction(record.reference_solution))
+      instruction_text=task.critic_instruction(record.reference_solution, tok.decode(prefix)))
   critic_len = sampling.train_bucket(min(len(context), c.critic.max_context)
                                      + sampling.MAX_VALUE_TOKENS)
   critic_rows = rows_lib.bucket_rows(ctl.critic_pairs_per_update, 1)

@@ -102,8 +102,11 @@ class Runtime:
   def critic_context(self, prompt_ids, response_ids, reference: str | None) -> np.ndarray | None:
     """The critic prompt that values `prompt_ids + response_ids`, or None when it and the value
     tokens would not fit in `max_total_len` (such a read is invalid, such a pair skipped)."""
+    response = (self.tokenizer.decode([int(i) for i in response_ids])
+                if self.task.critic_sees_response else '')
     ids = critic.critic_context_ids(self.tokenizer, prompt_ids, response_ids,
-                                    instruction_text=self.task.critic_instruction(reference))
+                                    instruction_text=self.task.critic_instruction(reference,
+                                                                                  response))
     if len(ids) + sampling.MAX_VALUE_TOKENS > self.max_total_len:
       return None
     return np.asarray(ids, np.int32)

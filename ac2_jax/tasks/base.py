@@ -72,8 +72,15 @@ class Task(Protocol):
     """What a passing response contributes to the reference bank (None: no complete answer)."""
     ...
 
-  def critic_instruction(self, reference: str | None) -> str:
-    """The critic's user-turn instruction; with `reference`, the variant that shows it."""
+  @property
+  def critic_sees_response(self) -> bool:
+    """Whether `critic_instruction` reads the response it values (then callers pass its text)."""
+    ...
+
+  def critic_instruction(self, reference: str | None, response: str = '') -> str:
+    """The critic's user-turn instruction; with `reference`, the variant that shows it. A task
+    whose `critic_sees_response` lays the reference out against `response`, the partial response
+    being valued."""
     ...
 
   def score_batch(self, records: Sequence[ProblemRecord], responses: Sequence[str]

@@ -238,9 +238,10 @@ def critic_examples(task, tok: tokenization.Tokenizer, *,
     response = reply_ids(tok, *corpus.texts(problem, solution))
     prefix = response[:int(rng.integers(len(response)))]
     reference = record.reference_solution if rng.random() < 0.5 else None
+    text = tok.decode(prefix)
     context = critic.critic_context_ids(tok, task.prompt_ids(tok, record), prefix,
-                                        instruction_text=task.critic_instruction(reference))
-    value = corpus.value(problem, solution, tok.decode(prefix))
+                                        instruction_text=task.critic_instruction(reference, text))
+    value = corpus.value(problem, solution, text)
     yield (np.asarray(context, np.int32),
            np.asarray(critic.value_target_ids(tok, critic.round_to_grid(value)), np.int32))
 
@@ -250,14 +251,16 @@ def tokenizer_corpus(task, *, max_problems: int = 4000, seed: int = 0) -> Iterat
   critic instructions with and without a reference, critic answers, and the chat role names."""
   corpus = corpus_of(task)
   rng = np.random.default_rng(seed)
+  response = ''
   yield 'system\nuser\nassistant\n'
   for record in task.records('train')[:max_problems]:
     problem = corpus.parse(record.prompt)
     yield record.prompt
     thinking, content = corpus.texts(problem, corpus.tokenizer_sample(problem, rng))
-    yield f'{thinking}\n{tokenization.THINK_CLOSE}\n\n{content}'
+    response = f'{thinking}\n{tokenization.THINK_CLOSE}\n\n{content}'
+    yield response
   reference = task.records('train')[0].reference_solution
   yield task.critic_instruction(None)
-  yield task.critic_instruction(reference)
+  yield task.critic_instruction(reference, response)
   for value in builtin.VALUE_GRID:
     yield f'{builtin.CRITIC_STEM} {value}'

@@ -136,7 +136,9 @@ class ProofTask:
   def reference_from_response(self, response_text: str) -> str | None:
     return extract_proof(response_text)
 
-  def critic_instruction(self, reference: str | None) -> str:
+  critic_sees_response = False
+
+  def critic_instruction(self, reference: str | None, response: str = '') -> str:
     return self._critic_instructions.render(reference)
 
   def score_batch(self, records: Sequence[base.ProblemRecord], responses: Sequence[str]

@@ -52,7 +52,9 @@ from ac2_jax.tasks import builtin
 NAME = 'builtin_walk'
 ANSWER_OPEN, ANSWER_CLOSE = builtin.ANSWER_OPEN, builtin.ANSWER_CLOSE
 SPECIAL_SYMBOLS = builtin.SPECIAL_SYMBOLS
-CRITIC_PROMPTS = builtin.CRITIC_PROMPTS
+# The chain's 'beside' layout pairs worked lines with a reference's; a walk's value is its last
+# line's state, so the walk keeps the two plain layouts.
+CRITIC_PROMPTS = ('long', 'short')
 UNREACHABLE = 10 ** 6  # the distance of a dead end
 
 _PROMPT = ('Start at {start}, reach {goal} in at most {budget} moves of {menu}; never land above '
@@ -387,7 +389,9 @@ class WalkTask(builtin.BuiltinTask):
   def name(self) -> str:
     return NAME
 
-  def critic_instruction(self, reference: str | None) -> str:
+  critic_sees_response = False
+
+  def critic_instruction(self, reference: str | None, response: str = '') -> str:
     return critic_instruction(reference, self.settings.critic_prompt)
 
   def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
