@@ -54,9 +54,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.builtin_num_validation = 256
   c.task.builtin_vocab_size = 512
   c.task.builtin_scoring = 'local'  # 'local' | 'leading' (ac2_jax/tasks/builtin.py says why)
-  # 'long' | 'short' critic instruction. Short: the long one is 69 of a tiny model's tokens, the
-  # short one 7, so the critic's context holds the attempt and the reference (critic reads and
-  # updates about 1.5x shorter).
+  # 'long' | 'short' | 'beside' critic instruction. Short: the long one is 69 of a tiny model's
+  # tokens, the short one 7, so the critic's context holds the attempt and the reference (critic
+  # reads and updates about 1.5x shorter). Beside (the chain only): the short question with the
+  # reference's lines beside the attempt's (about 70 tokens more at K = 12: raise
+  # critic.max_context and sft.critic_seq_len; BENCHMARKS.md, "Session 13").
   c.task.builtin_critic_prompt = 'short'
   # The walk (ac2_jax/tasks/walk.py says why it exists): reach walk_goal from a start with the
   # menu's moves in a budget of the shortest walk plus 0..walk_slack moves, never landing above
