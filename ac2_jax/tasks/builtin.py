@@ -311,7 +311,9 @@ def beside_reference(reference: str, response: str) -> str:
   'beside' setting: a tiny critic does not learn to align the i-th line of the attempt with the
   i-th line of a reference that stands a whole attempt away (probe: reads uncorrelated with the
   labels after 32,000 pairs), whereas here a wrong result sits a fixed few tokens from the right
-  one. The reference's lines past the attempt's, and its answer block, follow alone.
+  one. The reference's lines past the attempt's, and its answer block, follow alone. Measured on
+  the `tiny` policy (BENCHMARKS.md, "Session 13"): no better than the plain layout (reads still a
+  constant after 1,920 pairs); kept for larger policies.
   """
   attempt = thinking_lines(response)
   lines = [line.strip() for line in reference.strip().split('\n') if line.strip()]
