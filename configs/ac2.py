@@ -1,8 +1,9 @@
 """AC2 (Actor-Critic with Action Chunking).
 
 CPU, built-in task, `tiny` model: the README's main command, the `bench` setting (a warm start that scores
-0.25-0.34 on seeds 0-2, learning still going at step 80) with the critic adapter (SFT warm start included;
-13 min 20 s on an idle 2-core machine, seed 0):
+0.25-0.34 on seeds 0-2 on the machine it was calibrated on, learning still going at step 80) with the critic
+adapter (SFT warm start included; 13 min 20 s on an idle 2-core machine, seed 0; 19 min 0 s on session 13's
+slower one, where seed 0's warm start scored 0.46, not 0.26):
   python launch/tpu_run.py --config=configs/ac2.py:bench,adapter --workdir=/tmp/ac2_run
 Measured on seeds 0, 1 and 2 (BENCHMARKS.md, "AC2 against GRPO on the `bench` setting"): validation
 0.26-0.34 -> 0.67-0.71 in 80 steps; problems ready from step 5, 0.78-0.84 of the second half's replay slots
