@@ -207,6 +207,23 @@ def test_bad_results_are_rejected_with_clear_errors():
     Controller(s, seed=0, problem_ids=['a', 'a'])
 
 
+def test_further_critic_updates_draw_their_own_pairs():
+  """`critic_updates`: draw k > 0 of a step is its own seeded draw from the buffer; draw 0 is the
+  step's one draw of the paper, unchanged."""
+  s = tiny_settings(n_refill=6, n_batch=6, critic_pairs_per_update=3, critic_updates=2)
+  c = Controller(s, seed=4, problem_ids=problem_ids(6))
+  for step in range(3):
+    run_step(c, step)
+  keys = lambda batch: [(r.problem_id, tuple(r.prefix_tokens_P), r.reference) for r in batch.records]
+  first, second = c.critic_batch(3), c.critic_batch(3, draw=1)
+  assert first.num_pairs == second.num_pairs == 3
+  assert keys(first) == keys(c.critic_batch(3, draw=0)) and keys(second) == keys(
+      c.critic_batch(3, draw=1))
+  assert keys(first) != keys(second)
+  with pytest.raises(ValueError, match='critic_updates must be an integer >= 1'):
+    tiny_settings(critic_updates=0)
+
+
 def test_chunk_end_pairs_train_on_judged_chunk_ends_with_their_own_rewards():
   """`chunk_end_pairs`: this step's judged chunk ends become critic records (grid-rounded reward,
   the bank's reference: with and without it at 1/2), at most that many, without replacement."""

@@ -355,6 +355,19 @@ def test_chunk_end_pairs_join_the_critic_update(train_base, tmp_path, monkeypatc
   assert is_finite_number(record['critic/loss']) and record['critic/skipped'] == 0.0
 
 
+def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):
+  """`controller.critic_updates`: two updates a step on two draws; their records add up and the
+  run goes through."""
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, 'ac2', **{'controller.critic_updates': 2})
+  loop.train(c, str(tmp_path), log=lambda *_: None)
+  record = read_records(str(tmp_path))[1]
+  drawn = min(record['critic_buffer_size'], c.controller.critic_pairs_per_update)
+  assert record['critic/pairs'] + record['critic/skipped_context'] == 2 * drawn > 0
+  assert record['critic/records'] >= record['critic/pairs']
+  assert is_finite_number(record['critic/loss']) and record['critic/skipped'] == 0.0
+
+
 def test_critic_adapter_needs_ac2(train_base):
   c = tiny_config(train_base, 'grpo')
   c.critic.adapter_rank = 4

@@ -22,6 +22,7 @@ critic value is ever read, no problem becomes ready.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -330,19 +331,25 @@ class AC2(base.Algorithm):
       contexts[id(record)] = context
       return context is not None
 
-    batch = self.controller.critic_batch(step, fits)
-    counts = {'pairs': batch.num_pairs, 'skipped_context': batch.num_skipped}
-    records = list(batch.records)
-    if self.settings.chunk_end_pairs:
-      ends = self.controller.chunk_end_batch(step, self._chunk_ends(data), fits)
-      records += ends.records
-      counts['chunk_end_pairs'] = ends.num_pairs
-    device_batch = rows_lib.critic_records_batch(rt, [contexts[id(r)] for r in records], records)
-    if device_batch is None:
+    lr = rt.put_batch(np.float32(self.controller.critic_lr))
+    counts, updates = {'pairs': 0, 'skipped_context': 0}, []
+    for draw in range(self.settings.critic_updates):
+      batch = self.controller.critic_batch(step, fits, draw)
+      counts['pairs'] += batch.num_pairs
+      counts['skipped_context'] += batch.num_skipped
+      records = list(batch.records)
+      if self.settings.chunk_end_pairs and draw == 0:
+        ends = self.controller.chunk_end_batch(step, self._chunk_ends(data), fits)
+        records += ends.records
+        counts['chunk_end_pairs'] = ends.num_pairs
+      device_batch = rows_lib.critic_records_batch(rt, [contexts[id(r)] for r in records],
+                                                   records)
+      if device_batch is not None:
+        state, metrics = rt.critic_step(state, device_batch, lr)
+        updates.append(metrics)
+    if not updates:
       return state, {}, counts
-    state, metrics = rt.critic_step(state, device_batch,
-                                    rt.put_batch(np.float32(self.controller.critic_lr)))
-    return state, metrics, counts
+    return state, _combined_critic_metrics(updates), counts
 
   def _chunk_ends(self, data: StepData) -> list[ctl.ChunkEnd]:
     """The step's judged continuations that ran past the chunk b, at their chunk-end state."""
@@ -407,3 +414,16 @@ def _single_advantages(values_1, valid_1, baselines_1, baseline_valid_1):
 
 def _mean(xs) -> float | None:
   return float(np.mean(xs)) if len(xs) else None
+
+
+def _combined_critic_metrics(updates: list[dict]) -> dict:
+  """One step's critic metrics from its updates (device arrays, read with the step's others): the
+  mean loss, the records summed, the last gradient norm, the update norms summed (a bound on the
+  step's critic displacement, which the learning-rate rule reads), skipped if any was."""
+  if len(updates) == 1:
+    return updates[0]
+  return {'loss': sum(m['loss'] for m in updates) / len(updates),
+          'records': sum(m['records'] for m in updates),
+          'grad_norm': updates[-1]['grad_norm'],
+          'update_norm': sum(m['update_norm'] for m in updates),
+          'skipped': functools.reduce(jax.numpy.maximum, [m['skipped'] for m in updates])}

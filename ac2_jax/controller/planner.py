@@ -303,14 +303,17 @@ class Controller:
 
   # --- critic -------------------------------------------------------------------------------------
 
-  def critic_batch(self, step: int, context_limit: ContextLimit = None) -> CriticBatch:
+  def critic_batch(self, step: int, context_limit: ContextLimit = None, draw: int = 0
+                   ) -> CriticBatch:
     """Records of this step's critic update: up to critic_pairs_per_update pairs drawn without
-    replacement from the critic buffer, skipping those whose context does not fit.
+    replacement from the critic buffer, skipping those whose context does not fit. `draw` k > 0 is
+    the step's k-th further update (`critic_updates`), with its own seeded draw.
 
     A pair's reference is its source trajectory's own solution if that trajectory passed, else the
     bank's current reference for its problem (None in the no-reference variant).
     """
-    return self.critic_buffer.sample(self._generator('critic_batch', int(step)),
+    purpose = 'critic_batch' if draw == 0 else f'critic_batch_{int(draw)}'
+    return self.critic_buffer.sample(self._generator(purpose, int(step)),
                                      self.settings.critic_pairs_per_update, self._pair_reference,
                                      lambda p: self.problem_ids[p], context_limit)
 

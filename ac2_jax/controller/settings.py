@@ -63,6 +63,10 @@ class ControllerSettings:
   # NLL the critic's value distribution then fits the reward's, whose mean is V). Used once, never
   # stored: the buffer's group-mean targets are unchanged.
   chunk_end_pairs: int = 0
+  # A departure, 1 in the paper: critic updates a step, each on its own draw of
+  # critic_pairs_per_update pairs from the buffer. Late in a CPU run the policy sharpens and one
+  # update a step stops keeping the critic's reads on its value grid (BENCHMARKS.md, "Session 13").
+  critic_updates: int = 1
   # Readiness (item 6).
   readiness_window: int = 5         # complete steps pooled by the global test
   tau_global: float = 0.20
@@ -105,7 +109,7 @@ class ControllerSettings:
     for name in ('group_size', 'buffer_capacity', 'response_budget', 'chunk_size', 'cut_grid',
                  'critic_buffer_capacity', 'critic_pairs_per_update', 'min_valid_per_target',
                  'readiness_window', 'max_points', 'stale_period', 'stale_factor',
-                 'critic_lr_patience'):
+                 'critic_lr_patience', 'critic_updates'):
       value = getattr(self, name)
       need(isinstance(value, int) and value >= 1, f'{name} must be an integer >= 1, got {value!r}')
     for name in ('n_batch', 'n_refill', 'chunk_end_pairs'):

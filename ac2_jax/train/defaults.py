@@ -118,6 +118,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also
   # train the critic at their chunk-end state on their own reward (controller/settings.py).
   c.controller.chunk_end_pairs = 0
+  # 1: the paper. n > 1: n critic updates a step, each on its own draw (controller/settings.py).
+  c.controller.critic_updates = 1
   c.controller.min_valid_per_target = 4
   c.controller.readiness_window = 5
   c.controller.tau_global = 0.20
