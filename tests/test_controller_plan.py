@@ -214,7 +214,8 @@ def test_further_critic_updates_draw_their_own_pairs():
   c = Controller(s, seed=4, problem_ids=problem_ids(6))
   for step in range(3):
     run_step(c, step)
-  keys = lambda batch: [(r.problem_id, tuple(r.prefix_tokens_P), r.reference) for r in batch.records]
+  keys = lambda batch: [(r.problem_id, tuple(r.prefix_tokens_P), r.reference)
+                        for r in batch.records]
   first, second = c.critic_batch(3), c.critic_batch(3, draw=1)
   assert first.num_pairs == second.num_pairs == 3
   assert keys(first) == keys(c.critic_batch(3, draw=0)) and keys(second) == keys(
