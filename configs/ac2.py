@@ -64,6 +64,11 @@ prefixes better than the warm start did (`launch/bench.py critic_drift`), and on
 3x the pairs per update nor chunk-end pairs (controller.chunk_end_pairs, off by default) lowered its error on
 new prefixes.
 
+Late in the README run the policy sharpens (token entropy 0.03) and, with one critic update a step, the
+critic's reads leave its value grid (session 13, seed 0: 778 invalid reads from step 63, audited error 0.76);
+`--config.controller.critic_updates=2` kept every read valid (audited error 0.21) at +29% step time
+(BENCHMARKS.md, "Session 13"; one seed, off by default).
+
 Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
 ac2_jax/train/bench_setting.py; AC2, GRPO and Prefix GRPO on it over 3 seeds above):
 `--config=configs/ac2.py:bench`, combinable with the variants.
