@@ -66,8 +66,9 @@ new prefixes.
 
 Late in the README run the policy sharpens (token entropy 0.03) and, with one critic update a step, the
 critic's reads leave its value grid (session 13, seed 0: 778 invalid reads from step 63, audited error 0.76);
-`--config.controller.critic_updates=2` kept every read valid (audited error 0.21) at +29% step time
-(BENCHMARKS.md, "Session 13"; one seed, off by default).
+`--config.controller.critic_updates=2` kept every read valid (audited error 0.21) at +29% step time;
+on seed 1 the reads broke with one update and with two (two shortened it: 277 invalid reads against 353 to
+step 33), so it stays off (BENCHMARKS.md, "Session 13").
 
 Benchmark setting (launch/compare.py; calibrated for the warm start and GRPO, see
 ac2_jax/train/bench_setting.py; AC2, GRPO and Prefix GRPO on it over 3 seeds above):
