@@ -104,6 +104,8 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
       task, tok, mistake_rate=settings.mistake_rate, step_mistake_rate=settings.step_mistake_rate,
       seed=c.seed, epochs=None, clean_first=settings.clean_steps * settings.batch_size,
       blind_fraction=settings.blind_fraction)
+  clean_examples = builtin_sft.sft_examples(task, tok, mistake_rate=0.0, seed=c.seed + 2,
+                                            epochs=None)
   value_rate = settings.critic_value_mistake_rate
   critic_examples = builtin_sft.critic_examples(
       task, tok, step_mistake_rate=settings.step_mistake_rate, seed=c.seed + 1,
@@ -112,7 +114,7 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
   data_key = task.name + repr(task.settings)
   out_dir = sft_directory(workdir, sft_lib.settings_key(model_config, settings, data_key))
   return sft_lib.run_sft(model_config, settings, examples, out_dir, data_key=data_key,
-                         critic_examples=critic_examples, log=log)
+                         critic_examples=critic_examples, clean_examples=clean_examples, log=log)
 
 
 def _policy_loss(s: Settings) -> dict:

@@ -54,7 +54,8 @@ ADDED_KEYS = {'task.rl_problems': 0, 'controller.bank_from_data': False,
               'rollout.devices': 0, 'critic.adapter_rank': 0,
               'controller.readiness_judged_only': False, 'sft.critic_from': -1,
               'controller.readiness_revocable': False, 'controller.chunk_end_pairs': 0,
-              'controller.critic_updates': 1}
+              'controller.critic_updates': 1, 'sft.clean_loss_target': 0.0,
+              'sft.clean_steps_max': 0}
 # Sections added with algorithms that a stored run without them cannot have used (ADDED_KEYS
 # first: a key added to a section later is held to its old value).
 ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.', 'lisao.', 'li2sao.', 'rollout.')

@@ -4,6 +4,15 @@ A second stream of (critic context, value) pairs may teach the critic's answer f
 first `clean_steps` (or `critic_from`) steps are done, every `critic_every`-th step trains on a batch of those instead
 (their contexts are longer, so they get their own batch shape).
 
+The built-in tasks' warm start learns its arithmetic on clean solutions first, in a sudden transition
+whose step moves with floating-point rounding (another CPU's vector width puts it 50-100 steps
+later). Ending the clean phase at a fixed step then leaves one machine's warm start past the
+transition and another's still in it, and their start scores differ by 0.1 or more. With
+`clean_loss_target` the clean phase runs on past `clean_steps` (on a clean stream of its own, the
+learning rate held) until the mean clean loss of the last `CLEAN_WINDOW` steps reaches the target,
+so every machine starts the noisy phase with the arithmetic learned; where it already is at
+`clean_steps`, nothing changes.
+
 The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
 exactly as it loads a released one. A finished warm start is cached: the same settings in the same
 directory return the saved checkpoint without training again.
@@ -14,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import collections
 import os
 import time
 from typing import Iterator
@@ -26,6 +36,7 @@ import optax
 from ac2_jax import models
 
 DONE_FILE = 'sft_done.json'
+CLEAN_WINDOW = 20  # clean-phase steps whose mean loss is held against clean_loss_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +51,10 @@ class SFTSettings:
   mistake_rate: float = 0.0  # built-in task: share of worked solutions with one injected mistake
   step_mistake_rate: float = 0.25  # built-in task: each step independently wrong
   clean_steps: int = 0  # built-in task: the first steps train on correct solutions only
+  # > 0: the clean phase goes on past clean_steps (at most to clean_steps_max) until its mean
+  # loss over the last CLEAN_WINDOW steps is at most this (the module docstring says why).
+  clean_loss_target: float = 0.0
+  clean_steps_max: int = 0
   critic_every: int = 0  # after critic_start, every n-th step is a critic batch; 0 = never
   # The step after which critic batches start; < 0: after clean_steps. From 0, the critic's
   # examples share the steps where the policy learns its arithmetic (a lever for a critic that
@@ -79,7 +94,8 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
   return tokens, mask
 
 
-_LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0, 'critic_from': -1}
+_LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0, 'critic_from': -1,
+                 'clean_loss_target': 0.0, 'clean_steps_max': 0}
 
 
 def critic_start(settings: SFTSettings) -> int:
@@ -112,13 +128,23 @@ def done_key(out_dir: str) -> str | None:
     return None
 
 
+def clean_extension_wanted(settings: SFTSettings, recent_losses, extra_steps: int) -> bool:
+  """Whether the clean phase, at its end, takes one more step (see `clean_loss_target`)."""
+  if settings.clean_loss_target <= 0 or settings.clean_steps + extra_steps >= settings.clean_steps_max:
+    return False
+  return float(np.mean(recent_losses)) > settings.clean_loss_target
+
+
 def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
             examples: Iterator[tuple[np.ndarray, np.ndarray]], out_dir: str, *, data_key: str = '',
             critic_examples: Iterator[tuple[np.ndarray, np.ndarray]] | None = None,
+            clean_examples: Iterator[tuple[np.ndarray, np.ndarray]] | None = None,
             log=print) -> str:
   """Trains from random weights and saves to `out_dir` (HF format); returns `out_dir`.
 
-  `critic_examples` feeds the critic batches when `settings.critic_every` asks for them.
+  `critic_examples` feeds the critic batches when `settings.critic_every` asks for them;
+  `clean_examples` the clean phase's extra steps when `settings.clean_loss_target` asks for them
+  (`examples` stays where the clean phase left it, so its noisy part is the same either way).
 
   Reuses `out_dir` when it already holds a finished run with the same settings, and refuses
   (ValueError) to overwrite a finished run of other settings.
@@ -132,43 +158,70 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
       return out_dir
     raise ValueError(f'{out_dir} holds a finished SFT warm start of other settings (key {found}, '
                      f'these are {key}); not overwriting it: choose another directory')
+  if settings.critic_every and critic_examples is None:
+    raise ValueError('SFTSettings.critic_every > 0 needs critic_examples')
+  if settings.clean_loss_target > 0:
+    if clean_examples is None:
+      raise ValueError('SFTSettings.clean_loss_target > 0 needs clean_examples')
+    if not 0 < settings.clean_steps <= settings.clean_steps_max:
+      raise ValueError('SFTSettings.clean_loss_target > 0 needs 0 < clean_steps <= '
+                       f'clean_steps_max, got {settings.clean_steps} and {settings.clean_steps_max}')
 
   warmup = min(settings.warmup_steps, settings.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, settings.learning_rate, warmup,
                                                 max(settings.steps, warmup + 1),
                                                 settings.learning_rate * 0.05)
-  optimizer = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
-                          optax.adamw(schedule, weight_decay=settings.weight_decay))
+  # AdamW with the learning rate applied by hand: the clean phase's extra steps hold it where
+  # the clean phase ended, which an optax schedule (counting every update) cannot.
+  optimizer = optax.chain(optax.clip_by_global_norm(settings.grad_clip), optax.scale_by_adam(),
+                          optax.add_decayed_weights(settings.weight_decay))
   params = models.init_params(model_config, jax.random.key(settings.seed))
   opt_state = optimizer.init(params)
 
   @jax.jit
-  def step(params, opt_state, tokens, mask):
+  def step(params, opt_state, tokens, mask, learning_rate):
     loss, grads = jax.value_and_grad(lambda p: _loss(model_config, p, tokens, mask))(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
     return optax.apply_updates(params, updates), opt_state, loss
-
-  if settings.critic_every and critic_examples is None:
-    raise ValueError('SFTSettings.critic_every > 0 needs critic_examples')
 
   start = time.time()
   losses = {'solutions': float('nan'), 'critic': float('nan')}
-  for i in range(1, settings.steps + 1):
-    if is_critic_step(settings, i):
-      kind, batch = 'critic', make_batch(critic_examples, settings.critic_batch_size,
-                                         settings.critic_seq_len, 'critic_seq_len')
+  recent_clean = collections.deque(maxlen=CLEAN_WINDOW)
+  i, extra = 0, 0  # i: the schedule's step (extra clean steps do not advance it)
+  while i < settings.steps:
+    if i == settings.clean_steps and clean_extension_wanted(settings, recent_clean, extra):
+      extra += 1
+      kind, batch = 'solutions', make_batch(clean_examples, settings.batch_size, settings.seq_len)
+      learning_rate = schedule(i - 1)
     else:
-      kind, batch = 'solutions', make_batch(examples, settings.batch_size, settings.seq_len)
-    params, opt_state, loss = step(params, opt_state, *batch)
+      i += 1
+      if i == settings.clean_steps + 1 and settings.clean_loss_target > 0:
+        log(f'SFT: clean phase of {settings.clean_steps + extra} steps, mean loss of its last '
+            f'{len(recent_clean)} {float(np.mean(recent_clean)):.4f} (target '
+            f'{settings.clean_loss_target}'
+            + ('' if np.mean(recent_clean) <= settings.clean_loss_target
+               else f'; NOT reached by clean_steps_max={settings.clean_steps_max}') + ')')
+      if is_critic_step(settings, i):
+        kind, batch = 'critic', make_batch(critic_examples, settings.critic_batch_size,
+                                           settings.critic_seq_len, 'critic_seq_len')
+      else:
+        kind, batch = 'solutions', make_batch(examples, settings.batch_size, settings.seq_len)
+      learning_rate = schedule(i - 1)
+    params, opt_state, loss = step(params, opt_state, *batch, learning_rate)
     losses[kind] = loss
-    if i % 50 == 0 or i == settings.steps:
-      log(f'SFT step {i}/{settings.steps} loss {float(losses["solutions"]):.4f}'
+    if kind == 'solutions' and settings.clean_loss_target > 0 and i <= settings.clean_steps:
+      recent_clean.append(float(loss))
+    done = i + extra
+    if done % 50 == 0 or i == settings.steps:
+      log(f'SFT step {i}/{settings.steps}' + (f' (+{extra} clean)' if extra else '')
+          + f' loss {float(losses["solutions"]):.4f}'
           # The critic examples start after critic_start: no loss to print before.
           + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every
              and i >= critic_start(settings) + settings.critic_every else '')
           + f' ({time.time() - start:.0f}s)')
   models.save_hf_checkpoint(model_config, params, out_dir)
   with open(done_path, 'w') as f:
-    json.dump({'key': key, 'steps': settings.steps, 'final_loss': float(losses['solutions']),
-               'seconds': time.time() - start}, f)
+    json.dump({'key': key, 'steps': settings.steps, 'clean_steps_added': extra,
+               'final_loss': float(losses['solutions']), 'seconds': time.time() - start}, f)
   return out_dir

@@ -202,6 +202,10 @@ def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
   if settings.critic_value_mistake_rate > 1:
     raise ConfigError('config.sft.critic_value_mistake_rate must lie in [0, 1] (or be < 0 for '
                       f'the corpus\'s own rate), got {settings.critic_value_mistake_rate!r}')
+  if settings.clean_loss_target > 0 and not 0 < settings.clean_steps <= settings.clean_steps_max:
+    raise ConfigError('config.sft.clean_loss_target > 0 needs 0 < sft.clean_steps <= '
+                      f'sft.clean_steps_max, got {settings.clean_steps} and '
+                      f'{settings.clean_steps_max}')
   if not 0.0 <= settings.blind_fraction <= 1.0:
     raise ConfigError(f'config.sft.blind_fraction must lie in [0, 1], got '
                       f'{settings.blind_fraction!r}')
