@@ -14,6 +14,9 @@ import numpy as np
 
 GRID_STEPS = 10
 GRID = tuple(i / GRID_STEPS for i in range(GRID_STEPS + 1))
+# The most tokens a critic reply may have: a value and <|im_end|> ("0.7<|im_end|>"). Reads decode
+# at most this many; the critic loss divides its value-token NLL by it (ALGORITHMS.md, AC2 8-9).
+MAX_VALUE_TOKENS = 4
 
 # The leading number of a reply (ALGORITHMS.md, AC2 step 8). Text after it is ignored, unless the
 # number runs on past the match ('1.5', '1.05': the pattern alone would read 1): see `_RUNS_ON`.

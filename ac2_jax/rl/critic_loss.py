@@ -9,9 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# AC2 divides the value-token NLL by the most tokens a critic reply may have (a value and
-# <|im_end|>).
-MAX_VALUE_TOKENS = 4
+from ac2_jax.critic.values import MAX_VALUE_TOKENS
 
 
 def _f32(x):

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
 
+from ac2_jax.critic.values import MAX_VALUE_TOKENS
 from ac2_jax.models import qwen3
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.sampling import decode
@@ -19,9 +20,6 @@ from ac2_jax.sampling import distribution
 from ac2_jax.sampling import sampler
 from ac2_jax.sampling import requests
 from ac2_jax.sampling.settings import SamplingSettings
-
-# The critic answers with a value on the grid {0, 0.1, ..., 1}: at most 4 tokens ("0.7<|im_end|>").
-MAX_VALUE_TOKENS = 4
 
 
 def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *,
