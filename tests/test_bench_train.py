@@ -93,9 +93,12 @@ def test_compile_clock_counts_a_compilation_and_not_a_cached_call():
   import jax
   import jax.numpy as jnp
   from ac2_jax.bench import steps
-  clock = steps.CompileClock()
-  f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.5)  # a new function: traced and compiled here
-  f(jnp.ones(5)).block_until_ready()
-  assert clock.lap() > 0
-  f(jnp.ones(5)).block_until_ready()
+  with steps.CompileClock() as clock:
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.5)  # a new function: traced and compiled here
+    f(jnp.ones(5)).block_until_ready()
+    assert clock.lap() > 0
+    f(jnp.ones(5)).block_until_ready()
+    assert clock.lap() == 0.0
+  # Out of its block the clock hears nothing more.
+  jax.jit(lambda x: jnp.cos(x) - 2.0)(jnp.ones(5)).block_until_ready()
   assert clock.lap() == 0.0

@@ -42,11 +42,18 @@ COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
 
 
 class CompileClock:
-  """Seconds JAX spent tracing, lowering and compiling since the last `lap`."""
+  """Seconds JAX spent tracing, lowering and compiling since the last `lap`, while in its `with`
+  block (the listener is global to the process, so it leaves with the block)."""
 
   def __init__(self):
     self.seconds = 0.0
+
+  def __enter__(self) -> 'CompileClock':
     jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def __exit__(self, *_) -> None:
+    jax.monitoring.unregister_event_duration_listener(self._listen)
 
   def _listen(self, event: str, duration: float, **_) -> None:
     if event in COMPILE_EVENTS:
@@ -81,20 +88,20 @@ def run_steps(specs: list[str], configs: list, root: str, steps: int, log=print
     log(f'{spec}: built in {time.monotonic() - t0:.1f} s')
     runs[spec] = [c, rt, algorithm, state]
   records = {spec: [] for spec in specs}
-  clock = CompileClock()
-  for step in range(1, steps + 1):
-    for spec in specs:
-      c, rt, algorithm, state = runs[spec]
-      clock.lap()
-      t0 = time.perf_counter()
-      state, record = algorithm.step(rt, state, step, experiment.step_key(c.seed, step))
-      record['step_time'] = time.perf_counter() - t0
-      record['compile'] = clock.lap()
-      record['step - compile'] = record['step_time'] - record['compile']
-      runs[spec][3] = state
-      records[spec].append(record)
-      log(f'{spec} step {step}: {record["step_time"]:.2f} s ({record["compile"]:.2f} s '
-          'compiling)')
+  with CompileClock() as clock:
+    for step in range(1, steps + 1):
+      for spec in specs:
+        c, rt, algorithm, state = runs[spec]
+        clock.lap()
+        t0 = time.perf_counter()
+        state, record = algorithm.step(rt, state, step, experiment.step_key(c.seed, step))
+        record['step_time'] = time.perf_counter() - t0
+        record['compile'] = clock.lap()
+        record['step - compile'] = record['step_time'] - record['compile']
+        runs[spec][3] = state
+        records[spec].append(record)
+        log(f'{spec} step {step}: {record["step_time"]:.2f} s ({record["compile"]:.2f} s '
+            'compiling)')
   for _, _, algorithm, _ in runs.values():
     algorithm.close()
   return records
