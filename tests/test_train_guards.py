@@ -55,7 +55,7 @@ def _config(name='ac2', **extra):
     ('ac2', {'sft.critic_value_mistake_rate': 1.5},
      'config.sft.critic_value_mistake_rate must lie in [0, 1]'),
     ('ac2', {'sft.blind_fraction': 0.3}, 'config.sft.blind_fraction is a setting of the walk'),
-    ('ac2', {'sft.clean_steps_max': 100},
+    ('ac2', {'sft.clean_loss_target': 0.01, 'sft.clean_steps_max': 100},
      'config.sft.clean_loss_target > 0 needs 0 < sft.clean_steps <= sft.clean_steps_max'),
     ('ac2', {'controller.n_batch': 0}, 'config.controller.n_batch must be >= 1 for ac2'),
     ('ac2', {'controller.group_size': 1, 'controller.min_valid_per_target': 1},

@@ -90,12 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.mistake_rate = 0.0         # share of worked solutions with one injected mistake
   c.sft.step_mistake_rate = 0.25   # each worked step independently wrong: sets the start accuracy
   c.sft.clean_steps = 420          # correct solutions first: the arithmetic is learned sooner
-  # ... and the clean phase goes on (to at most 840 steps) until its mean loss over 20 steps is
-  # 0.01: the arithmetic's sudden transition lands 50-100 steps later on a CPU of another
-  # vector width, and ending at step 420 left that machine's warm start still inside it
-  # (ac2_jax/train/sft.py; BENCHMARKS.md, "Session 14").
-  c.sft.clean_loss_target = 0.01
-  c.sft.clean_steps_max = 840
+  # > 0: the clean phase goes on (to at most clean_steps_max) until its mean loss over 20 steps
+  # is this. Off: at 0.01 (cap 840) it lifted the bench warm start by about 0.05 on CPUs of both
+  # vector widths but left the 0.08 between them, which the short noisy phase makes
+  # (BENCHMARKS.md, "Session 14"), and cost up to 420 steps.
+  c.sft.clean_loss_target = 0.0
+  c.sft.clean_steps_max = 0
   c.sft.critic_every = 4           # then every 4th step teaches the critic's answer format
   c.sft.critic_from = -1           # the step critic batches start after; < 0: after clean_steps
   c.sft.critic_batch_size = 16
@@ -302,7 +302,6 @@ def walk_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # policy imitates the noisy solver for 460 steps and every 2nd of them is a critic batch of 32
   # (7,360 critic examples, the size of the policy's own warm-up).
   c.sft.clean_steps = 100
-  c.sft.clean_loss_target = 0.0    # noisy walks from step 100 whatever the loss (above)
   c.sft.critic_every = 2
   c.sft.critic_batch_size = 32
   c.controller.response_budget = 144  # the longest walk (10 moves) is 130 tokens

@@ -179,10 +179,13 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
   opt_state = optimizer.init(params)
 
   @jax.jit
-  def step(params, opt_state, tokens, mask, learning_rate):
+  def step(params, opt_state, tokens, mask, schedule_count):
     loss, grads = jax.value_and_grad(lambda p: _loss(model_config, p, tokens, mask))(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+    # As optax.scale_by_learning_rate computes it, so a run without extra steps is bit for bit
+    # the warm start optax.adamw(schedule) made.
+    step_size = -1 * schedule(schedule_count)
+    updates = jax.tree.map(lambda u: jnp.array(step_size, dtype=u.dtype) * u, updates)
     return optax.apply_updates(params, updates), opt_state, loss
 
   start = time.time()
@@ -193,7 +196,6 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     if i == settings.clean_steps and clean_extension_wanted(settings, recent_clean, extra):
       extra += 1
       kind, batch = 'solutions', make_batch(clean_examples, settings.batch_size, settings.seq_len)
-      learning_rate = schedule(i - 1)
     else:
       i += 1
       if i == settings.clean_steps + 1 and settings.clean_loss_target > 0:
@@ -207,8 +209,8 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
                                            settings.critic_seq_len, 'critic_seq_len')
       else:
         kind, batch = 'solutions', make_batch(examples, settings.batch_size, settings.seq_len)
-      learning_rate = schedule(i - 1)
-    params, opt_state, loss = step(params, opt_state, *batch, learning_rate)
+    # The schedule's count: i - 1 for the i-th scheduled step, held at the clean phase's last one.
+    params, opt_state, loss = step(params, opt_state, *batch, np.int32(i - 1))
     losses[kind] = loss
     if kind == 'solutions' and settings.clean_loss_target > 0 and i <= settings.clean_steps:
       recent_clean.append(float(loss))
