@@ -1,4 +1,4 @@
-"""The SFT's clean phase held to a loss target (sft.clean_loss_target), on a real tiny warm start."""
+"""The SFT's clean phase held to a loss target (sft.clean_loss_target), on real tiny warm starts."""
 
 import json
 import os
