@@ -92,8 +92,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.clean_steps = 420          # correct solutions first: the arithmetic is learned sooner
   # > 0: the clean phase goes on (to at most clean_steps_max) until its mean loss over 20 steps
   # is this. Off: at 0.01 (cap 840) it lifted the bench warm start by about 0.05 on CPUs of both
-  # vector widths but left the 0.08 between them, which the short noisy phase makes
-  # (BENCHMARKS.md, "Session 14"), and cost up to 420 steps.
+  # vector widths but left the 0.08 between them, which the short noisy phase makes (a noisy
+  # phase run to convergence closes it: BENCHMARKS.md, "Session 14"), and cost up to 420 steps.
   c.sft.clean_loss_target = 0.0
   c.sft.clean_steps_max = 0
   c.sft.critic_every = 4           # then every 4th step teaches the critic's answer format
