@@ -1,5 +1,7 @@
-"""The SFT's clean phase held to a loss target (sft.clean_loss_target), on real tiny warm starts."""
+"""The SFT's clean phase held to a loss target (sft.clean_loss_target) and its noisy tail at a
+constant rate (sft.noisy_tail_steps), on real tiny warm starts."""
 
+import dataclasses
 import json
 import os
 
@@ -74,6 +76,30 @@ def test_a_reached_target_changes_nothing_and_a_missed_one_extends_on_the_clean_
   assert done['clean_steps_added'] == 3 and (noisy, clean) == (4 * BATCH, 3 * BATCH)
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(base),
                                                        jax.tree.leaves(longer)))
+
+
+def test_the_noisy_tail_continues_the_main_stream_at_its_own_constant_rate(task_and_model,
+                                                                         tmp_path):
+  base, _, _, _ = _run(task_and_model, tmp_path / 'off')
+  tailed, done, noisy, clean = _run(task_and_model, tmp_path / 'tail', noisy_tail_steps=2)
+  assert done['steps'] == 6 and (noisy, clean) == (6 * BATCH, 0)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(base),
+                                                       jax.tree.leaves(tailed)))
+  # At a vanishing tail rate the two extra steps move nothing: the tail's rate is its own, not
+  # the schedule's (whose floor, 5% of the peak, would move every weight).
+  still, _, noisy, _ = _run(task_and_model, tmp_path / 'still', noisy_tail_steps=2,
+                            noisy_tail_learning_rate=1e-30)
+  assert noisy == 6 * BATCH
+  for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(still)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-20)
+  # A warm start made before the tail existed keeps its cache key.
+  task, tok, model = task_and_model
+  plain = sft_lib.SFTSettings(steps=4)
+  assert (sft_lib.settings_key(model, plain, 'd')
+          != sft_lib.settings_key(model, sft_lib.SFTSettings(steps=4, noisy_tail_steps=2), 'd'))
+  blob = dataclasses.asdict(plain)
+  for name in ('noisy_tail_steps', 'noisy_tail_learning_rate'):
+    assert blob.pop(name) == sft_lib._LATER_FIELDS[name]
 
 
 def test_sft_optimizer_is_adamw_on_the_warmup_cosine_schedule(task_and_model, tmp_path):

@@ -15,6 +15,12 @@ at `clean_steps`, nothing changes. Measured on the bench setting (BENCHMARKS.md,
 that lifts the warm start on both vector widths but does not close the gap between them, which
 the short noisy phase makes; hence off by default.
 
+What does close it is the noisy phase run to convergence: `noisy_tail_steps` more steps after
+the schedule, on the same streams at the constant `noisy_tail_learning_rate`. The cosine
+schedule's noisy phase is short and ends at a small rate, so where each machine's policy stops
+between the clean policy and the corpus moves with rounding; at a constant rate it settles at the
+corpus's level wherever it started (BENCHMARKS.md, "Session 15").
+
 The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
 exactly as it loads a released one. A finished warm start is cached: the same settings in the same
 directory return the saved checkpoint without training again.
@@ -57,6 +63,9 @@ class SFTSettings:
   # loss over the last CLEAN_WINDOW steps is at most this (the module docstring says why).
   clean_loss_target: float = 0.0
   clean_steps_max: int = 0
+  # Steps after the schedule's `steps`, at a constant rate (the module docstring says why).
+  noisy_tail_steps: int = 0
+  noisy_tail_learning_rate: float = 6e-4
   critic_every: int = 0  # after critic_start, every n-th step is a critic batch; 0 = never
   # The step after which critic batches start; < 0: after clean_steps. From 0, the critic's
   # examples share the steps where the policy learns its arithmetic (a lever for a critic that
@@ -97,7 +106,8 @@ def make_batch(examples: Iterator[tuple[np.ndarray, np.ndarray]], batch_size: in
 
 
 _LATER_FIELDS = {'critic_value_mistake_rate': -1.0, 'blind_fraction': 0.0, 'critic_from': -1,
-                 'clean_loss_target': 0.0, 'clean_steps_max': 0}
+                 'clean_loss_target': 0.0, 'clean_steps_max': 0, 'noisy_tail_steps': 0,
+                 'noisy_tail_learning_rate': 6e-4}
 
 
 def critic_start(settings: SFTSettings) -> int:
@@ -189,7 +199,9 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     updates, opt_state = optimizer.update(grads, opt_state, params)
     # As optax.scale_by_learning_rate computes it, so a run without extra steps is bit for bit
     # the warm start optax.adamw(schedule) made.
-    step_size = -1 * schedule(schedule_count)
+    rate = jnp.where(schedule_count < settings.steps, schedule(schedule_count),
+                     settings.noisy_tail_learning_rate)
+    step_size = -1 * rate
     updates = jax.tree.map(lambda u: jnp.array(step_size, dtype=u.dtype) * u, updates)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -197,7 +209,8 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
   losses = {'solutions': float('nan'), 'critic': float('nan')}
   recent_clean = collections.deque(maxlen=CLEAN_WINDOW)
   i, extra = 0, 0  # i: the schedule's step (extra clean steps do not advance it)
-  while i < settings.steps:
+  total = settings.steps + settings.noisy_tail_steps
+  while i < total:
     if i == settings.clean_steps and clean_extension_wanted(settings, recent_clean, extra):
       extra += 1
       kind, batch = 'solutions', make_batch(clean_examples, settings.batch_size, settings.seq_len)
@@ -220,8 +233,8 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
     if kind == 'solutions' and settings.clean_loss_target > 0 and i <= settings.clean_steps:
       recent_clean.append(float(loss))
     done = i + extra
-    if done % 50 == 0 or i == settings.steps:
-      log(f'SFT step {i}/{settings.steps}' + (f' (+{extra} clean)' if extra else '')
+    if done % 50 == 0 or i == total:
+      log(f'SFT step {i}/{total}' + (f' (+{extra} clean)' if extra else '')
           + f' loss {float(losses["solutions"]):.4f}'
           # The critic examples start after critic_start: no loss to print before.
           + (f' critic loss {float(losses["critic"]):.4f}' if settings.critic_every
@@ -229,6 +242,6 @@ def run_sft(model_config: models.ModelConfig, settings: SFTSettings,
           + f' ({time.time() - start:.0f}s)')
   models.save_hf_checkpoint(model_config, params, out_dir)
   with open(done_path, 'w') as f:
-    json.dump({'key': key, 'steps': settings.steps, 'clean_steps_added': extra,
+    json.dump({'key': key, 'steps': total, 'clean_steps_added': extra,
                'final_loss': float(losses['solutions']), 'seconds': time.time() - start}, f)
   return out_dir

@@ -206,6 +206,12 @@ def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
     raise ConfigError('config.sft.clean_loss_target > 0 needs 0 < sft.clean_steps <= '
                       f'sft.clean_steps_max, got {settings.clean_steps} and '
                       f'{settings.clean_steps_max}')
+  if settings.noisy_tail_steps < 0:
+    raise ConfigError(f'config.sft.noisy_tail_steps must be >= 0, got '
+                      f'{settings.noisy_tail_steps!r}')
+  if settings.noisy_tail_steps and settings.noisy_tail_learning_rate <= 0:
+    raise ConfigError('config.sft.noisy_tail_learning_rate must be > 0 when '
+                      f'sft.noisy_tail_steps > 0, got {settings.noisy_tail_learning_rate!r}')
   if not 0.0 <= settings.blind_fraction <= 1.0:
     raise ConfigError(f'config.sft.blind_fraction must lie in [0, 1], got '
                       f'{settings.blind_fraction!r}')
