@@ -391,3 +391,13 @@ def test_critic_examples_frame_the_critic_prompt(built):
   a, b = (next(builtin_sft.critic_examples(task, tok, step_mistake_rate=0.3, seed=1))
           for _ in range(2))
   assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+
+
+def test_a_build_prints_one_plain_line_and_no_download(tmp_path, capfd):
+  builtin_tfds.build_builtin(str(tmp_path), SMALL)
+  out = capfd.readouterr()
+  printed = out.out + out.err
+  assert f'data set builtin_chain/{builtin_tfds.config_for(SMALL).name} written to ' in printed
+  # tfds's own banners (bold, and about a download that never happens) are gone; its progress
+  # bars are the launchers' to switch off (console.quiet_progress_bars).
+  assert 'Downloading and preparing' not in printed and 'downloaded and prepared' not in printed

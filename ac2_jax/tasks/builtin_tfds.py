@@ -18,6 +18,7 @@ from ac2_jax import tokenization
 from ac2_jax.tasks import base
 from ac2_jax.tasks import builtin
 from ac2_jax.tasks import builtin_sft
+from ac2_jax.tasks import tfds_local
 from ac2_jax.tasks import walk
 
 _FILE_FORMAT = 'array_record'
@@ -42,7 +43,7 @@ def config_for(settings: builtin.ChainSettings) -> ChainConfig:
                      description=f'{s.steps} steps modulo {s.modulus}')
 
 
-class _GeneratedProblems(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _GeneratedProblems(tfds_local.LocalBuilder, skip_registration=True):
   """A built-in task's problems, generated from the builder config's settings: one row per
   problem with its prompt, reference solution and answer (subclasses say how)."""
 

@@ -18,6 +18,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
+from ac2_jax.tasks import tfds_local
 from ac2_jax.tasks.proofs_files import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_FIELD_CHARS, FINEPROOFS_RL, IMO_PROOFBENCH, MalformedRowError, ProofColumns,
     ProofRow, ProofSourceSettings, matching_files, read_source_files)
@@ -32,7 +33,7 @@ class ProofFilesConfig(tfds.core.BuilderConfig):
   settings: ProofSourceSettings = ProofSourceSettings()
 
 
-class _ProofFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _ProofFilesBuilder(tfds_local.LocalBuilder, skip_registration=True):
   """Shared body of the two builders: one split, read from the manual directory."""
 
   VERSION = tfds.core.Version('1.0.0')
