@@ -110,6 +110,15 @@ def test_documented_dry_runs_pass_and_match_the_documents(dry_runs):
     assert not os.path.exists(workdir), f'the dry run created {workdir}'
 
 
+def test_a_dry_run_mesh_leaves_the_rollout_devices_out():
+  c = _load_config('li2sao')
+  c.rollout.mode, c.rollout.devices = 'async', 2
+  assert experiment.dry_run_plan(c, num_devices=8).mesh_shape == (1, 6, 1)
+  c.rollout.devices = 8
+  with pytest.raises(experiment.ConfigError, match='leaves no training devices of 8'):
+    experiment.dry_run_plan(c, num_devices=8)
+
+
 def test_builtin_configs_dry_run_in_process():
   for name in ('ac2', 'grpo', 'prefix_grpo', 'ppo', 'pact', 'lisao', 'li2sao'):
     c = _load_config(name)

@@ -120,7 +120,8 @@ def run_sizes(c: ml_collections.ConfigDict, prompt_tokens: int) -> RunSizes:
 
 
 def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -> dry_run.Plan:
-  """What `dry_run.run` checks; a -1 mesh axis takes `num_devices` (default: the devices present)."""
+  """What `dry_run.run` checks; a -1 mesh axis takes `num_devices` (default: the devices present)
+  less the rollout devices."""
   if c.task.name not in dry_run.PROMPT_TOKENS:
     raise ValueError(f'config.task.name must be one of {tuple(dry_run.PROMPT_TOKENS)}, '
                      f'got {c.task.name!r}')
@@ -140,7 +141,12 @@ def dry_run_plan(c: ml_collections.ConfigDict, num_devices: int | None = None) -
     if c.model.init_checkpoint:
       source += f' ({hf_config} is not here)'
   axes = (c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
-  devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count())
+  # The training mesh spans what the rollout sub-meshes leave (sharding.split_rollout_devices).
+  rollout = c.rollout.devices * jax.process_count()
+  devices = math.prod(axes) if -1 not in axes else (num_devices or jax.device_count()) - rollout
+  if devices < 1:
+    raise ConfigError(f'config.rollout.devices={c.rollout.devices} leaves no training devices '
+                      f'of {num_devices or jax.device_count()}')
   return dry_run.Plan(model=model, model_source=source,
                       mesh_shape=sharding.MeshConfig(*axes).resolve(devices),
                       sizes=run_sizes(c, dry_run.PROMPT_TOKENS[c.task.name]),
