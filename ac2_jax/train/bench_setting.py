@@ -30,12 +30,7 @@ def apply_bench(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.task.builtin_steps = 12
   c.task.builtin_modulus = 7
   c.task.builtin_ops = '+-*'
-  c.sft.step_mistake_rate = 0.7
-  # The arithmetic learned on every machine, then the noisy phase run on to the corpus's level
-  # (sft.py says why; BENCHMARKS.md, "Session 15").
-  c.sft.clean_loss_target = 0.01
-  c.sft.clean_steps_max = 840
-  c.sft.noisy_tail_steps = 400
+  c.sft.step_mistake_rate = 0.5
   c.sft.seq_len = 144              # K=12, p=7 prompt + solution: at most 136 tokens (measured)
   c.sft.critic_seq_len = 320       # warm-start critic examples: at most 307 tokens (measured)
   c.controller.response_budget = 104  # a K=12 solution is 79 tokens; the default's 4/3 slack

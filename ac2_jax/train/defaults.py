@@ -98,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.clean_steps_max = 0
   # Steps after the schedule at a constant rate, on the noisy corpus: the warm start goes on
   # toward the corpus's level, which narrows (not closes) its spread between machines
-  # (ac2_jax/train/sft.py says why; the bench setting uses 400).
+  # (ac2_jax/train/sft.py says why; BENCHMARKS.md, "Session 15").
   c.sft.noisy_tail_steps = 0
   c.sft.noisy_tail_learning_rate = 6e-4
   c.sft.critic_every = 4           # then every 4th step teaches the critic's answer format

@@ -21,8 +21,8 @@ where a policy stops between the clean policy and the corpus moves with rounding
 rate it goes on toward the corpus's level. Measured on the bench setting (BENCHMARKS.md, "Session
 15"): it narrows the gap between vector widths (0.08 at step mistakes 0.6 without it; 0.03-0.04 at
 0.7 with it) but does not close it, because a policy whose clean phase ended before the transition
-also learns the noisy corpus more slowly. Both are off by default; the bench setting turns both on
-(ac2_jax/train/bench_setting.py).
+also learns the noisy corpus more slowly. Both stay off by default and on the bench: with them the
+seeds' warm starts still differ in how sharp their arithmetic is, and with it how fast GRPO learns.
 
 The result is written as a Hugging Face checkpoint directory, so an RL run loads a warm-started model
 exactly as it loads a released one. A finished warm start is cached: the same settings in the same
