@@ -38,6 +38,10 @@ _MIN_BLOCK = 16
 # Mosaic: query and key blocks lie on the 128-wide lane dimension; cache blocks on sublanes (8).
 _TPU_MIN_BLOCK = 128
 _TPU_SUBLANES = 8
+# A GPU decode block of keys (and one of values) is at most this many bytes: Triton pipelines the
+# cache walk, holding two stages of K and V blocks in shared memory, and an H200 has 227 KiB of
+# it; a 256-slot block at D = 128 in bf16 asked for 268 KiB there (session 16).
+_GPU_DECODE_TILE_BYTES = 32 * 1024
 BACKENDS = ('gpu', 'tpu')
 
 
@@ -50,8 +54,10 @@ class Settings:
   `num_stages` are GPU-only.
   """
 
-  block_q: int = 128
-  block_k: int = 128
+  # 64 x 64 forward blocks ran 1.6x (T = 4k) and 2.0x (T = 16k) faster than 128 x 128 on an
+  # H200 at Qwen3-4B heads (BENCHMARKS.md, "Kernels"); TPU raises them to 128.
+  block_q: int = 64
+  block_k: int = 64
   block_q_bwd: int = 64
   block_k_bwd: int = 64
   decode_block_k: int = 256
@@ -274,6 +280,16 @@ def flash_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, q_pos_BxT, kv_len_B, *,
 # ---- decode (T == 1 against a cache) ------------------------------------------------------
 
 
+def gpu_decode_block_k(settings: Settings, S: int, D: int, itemsize: int) -> int:
+  """The GPU decode kernel's block of cache slots.
+
+  The largest power of two no larger than the setting, the cache (the tail block overlaps its
+  predecessor) and a shared-memory tile of `_GPU_DECODE_TILE_BYTES`.
+  """
+  tile = max(_MIN_BLOCK, _GPU_DECODE_TILE_BYTES // (D * itemsize))
+  return min(settings.decode_block_k, 1 << (S.bit_length() - 1), 1 << (tile.bit_length() - 1))
+
+
 def _gpu_decode_partials(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Settings):
   G = q_BxKxGxD.shape[2]
   S = k_BxSxKxD.shape[1]
@@ -283,8 +299,7 @@ def _gpu_decode_partials(q_BxKxGxD, k_BxSxKxD, v_BxSxKxD, last_B, settings: Sett
     pad = ((0, 0), (0, _MIN_BLOCK - S), (0, 0), (0, 0))
     k_BxSxKxD, v_BxSxKxD = jnp.pad(k_BxSxKxD, pad), jnp.pad(v_BxSxKxD, pad)
     S = _MIN_BLOCK
-  # The largest power-of-two block that fits in S; the tail block overlaps its predecessor.
-  block_k = min(settings.decode_block_k, 1 << (S.bit_length() - 1))
+  block_k = gpu_decode_block_k(settings, S, k_BxSxKxD.shape[3], k_BxSxKxD.dtype.itemsize)
   num_splits = min(settings.decode_splits, pl.cdiv(S, block_k))
   return decode_lib.decode(q_BxKxRxD, k_BxSxKxD, v_BxSxKxD, last_B, block_k=block_k,
                            num_splits=num_splits, **_gpu_kwargs(settings))

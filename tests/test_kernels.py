@@ -176,3 +176,15 @@ def test_bad_inputs_raise_clear_errors():
     ops.flash_attention(q, k, v, q_pos, kv_len)  # CPU without the interpreter.
   with pytest.raises(ValueError, match='power of two'):
     ops.Settings(block_q=24)
+
+
+def test_gpu_decode_block_fits_shared_memory():
+  # A 256-slot block at D = 128 in bf16 asked an H200 for 268 KiB of its 227 KiB shared memory.
+  settings = ops.Settings()
+  assert settings.decode_block_k == 256
+  assert ops.gpu_decode_block_k(settings, S=4096, D=128, itemsize=2) == 128
+  assert ops.gpu_decode_block_k(settings, S=4096, D=128, itemsize=4) == 64
+  assert ops.gpu_decode_block_k(settings, S=4096, D=64, itemsize=2) == 256
+  assert ops.gpu_decode_block_k(settings, S=100, D=32, itemsize=4) == 64  # The cache bounds it.
+  small = ops.Settings(decode_block_k=16)
+  assert ops.gpu_decode_block_k(small, S=4096, D=128, itemsize=2) == 16

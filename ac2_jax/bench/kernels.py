@@ -47,6 +47,12 @@ def _parse(argv):
                            "'tpu' runs the TPU kernels in TPU interpret mode")
   parser.add_argument('--block_q', type=int, default=None, help='flash query block (fwd and bwd)')
   parser.add_argument('--block_k', type=int, default=None, help='flash key block (fwd and bwd)')
+  parser.add_argument('--decode_block_k', type=int, default=None,
+                      help='decode block of cache slots (GPU: capped to fit shared memory)')
+  parser.add_argument('--num_warps', type=int, default=None, help='Triton warps (GPU)')
+  parser.add_argument('--num_stages', type=int, default=None, help='Triton pipeline stages (GPU)')
+  parser.add_argument('--parts', default='flash,decode',
+                      help='what to time after the checks: flash, decode or both')
   return parser.parse_args(argv)
 
 
@@ -154,13 +160,21 @@ def main(argv: list[str]) -> None:
     blocks.update(block_q=args.block_q, block_q_bwd=args.block_q)
   if args.block_k:
     blocks.update(block_k=args.block_k, block_k_bwd=args.block_k)
+  if args.decode_block_k:
+    blocks.update(decode_block_k=args.decode_block_k)
   settings = ops.Settings(decode_splits=args.decode_splits, interpret=args.interpret,
-                          backend=args.backend, **blocks)
+                          backend=args.backend, num_warps=args.num_warps,
+                          num_stages=args.num_stages, **blocks)
+  parts = set(args.parts.split(','))
+  if not parts <= {'flash', 'decode'}:
+    raise SystemExit(f'--parts={args.parts!r}: choose from flash, decode')
   print(f'backend {jax.default_backend()} devices {jax.devices()} dtype {args.dtype} '
         f'interpret {args.interpret} kernels {ops.backend(settings)}')
   tol = 2e-2 if args.dtype == 'bfloat16' else 1e-4
   if not _check(args, settings, tol):
     raise SystemExit('kernels disagree with the references')
   for T in (int(s) for s in args.seqs.split(',')):
-    _speed(args, settings, T)
-    _decode_speed(args, settings, T)
+    if 'flash' in parts:
+      _speed(args, settings, T)
+    if 'decode' in parts:
+      _decode_speed(args, settings, T)
