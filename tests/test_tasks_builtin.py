@@ -401,3 +401,102 @@ def test_a_build_prints_one_plain_line_and_no_download(tmp_path, capfd):
   # tfds's own banners (bold, and about a download that never happens) are gone; its progress
   # bars are the launchers' to switch off (console.quiet_progress_bars).
   assert 'Downloading and preparing' not in printed and 'downloaded and prepared' not in printed
+
+
+def test_blind_facts_are_a_fixed_share_of_all_facts():
+  every = builtin.blind_facts(7, 1.0)
+  assert len(every) == 7 * (6 + 6 + 5)  # x in 0..6; + and - by 1..6, * by 2..6
+  assert builtin.blind_facts(7, 0.0) == frozenset()
+  some, more = builtin.blind_facts(7, 0.3), builtin.blind_facts(7, 0.6)
+  assert some < more < every  # one hash per fact: a larger share keeps the smaller one's facts
+  many = builtin.blind_facts(101, 0.3)
+  assert abs(len(many) / (101 * 299) - 0.3) < 0.02
+  assert (3, '*', 1) not in every and (0, '+', 0) not in every
+  with pytest.raises(ValueError, match='blind fraction'):
+    builtin.blind_facts(7, 1.5)
+
+
+def test_blind_sample_values_guess_there_and_carry_on():
+  blind = frozenset({(11, '-', 5)})  # step 0 of PROBLEM from its start
+  rng = np.random.default_rng(0)
+  firsts = []
+  for _ in range(1300):
+    values = builtin_sft.sample_values(PROBLEM, rng, 0.0, 0.0, blind)
+    firsts.append(values[0])
+    # Every later step follows from the value written before it (no step mistakes).
+    assert all(PROBLEM.apply(i, v) == values[i] for i, v in enumerate(values[:-1], 1))
+  counts = np.bincount(firsts, minlength=13)
+  assert counts.min() > 60 and counts.max() < 140  # uniform over 0..12 (100 each)
+  # A fact the chain never meets changes nothing.
+  assert builtin_sft.sample_values(PROBLEM, rng, 0.0, 0.0, frozenset({(0, '*', 2)})) == \
+      PROBLEM.values()
+  with pytest.raises(ValueError, match='step mistakes'):
+    builtin_sft.sample_values(PROBLEM, rng, 0.5, 0.0, blind)
+
+
+def test_blind_prefix_value_by_hand():
+  truth = PROBLEM.values()
+  right = builtin.response_text(PROBLEM, truth)
+
+  def value(text, q, scoring, blind, values=truth):
+    return builtin_sft.prefix_value(PROBLEM, values, text, q, scoring, frozenset(blind)) * 7
+
+  start_blind = {(11, '-', 5)}
+  # Step 0 is a guess (right 1 time in 13); the value it writes fixes nothing later.
+  assert value('', 1.0, 'local', start_blind) == pytest.approx(6 * (7 + 1 / 13) / 8 + 1 / 13)
+  assert value('', 1.0, 'leading', start_blind) == pytest.approx(7 / 13)
+  # Once the guess is written the rest is sure (q = 1), and a wrong guess keeps its line only.
+  wrong = builtin.written_values(PROBLEM, 0, 12)
+  wrong_text = builtin.response_text(PROBLEM, wrong)
+  assert value(wrong_text[:wrong_text.index('\n')], 1.0, 'local', start_blind, wrong) == \
+      pytest.approx(6 * 7 / 8)
+  assert value(right[:right.index('\n')], 1.0, 'local', start_blind) == pytest.approx(7)
+  # A blind fact met only off the true path: step 1 from 12 (true: 6), q = 0.9. Step 0 writes 12
+  # with probability 0.1 / 12; step 1 is then right 1 time in 13, else with probability 0.9.
+  off = 0.1 / 12
+  step1 = (1 - off) * 0.9 + off / 13
+  assert value('', 0.9, 'local', {(12, '+', 3)}) == pytest.approx(
+      6 * (0.9 + step1 + 6 * 0.9) / 8 + 0.9 ** 8)
+  assert value('', 0.9, 'leading', {(12, '+', 3)}) == pytest.approx(value('', 0.9, 'leading', ()))
+  # A fact no path meets gives the closed forms, for every prefix and both scorings.
+  never = {(0, '*', 2)}
+  for cut in (0, 10, right.index('11\n') + 2, len(right)):
+    for scoring in ('local', 'leading'):
+      for values in (truth, wrong):
+        text = builtin.response_text(PROBLEM, values)[:cut]
+        assert value(text, 0.7, scoring, never, values) == pytest.approx(
+            value(text, 0.7, scoring, (), values))
+
+
+def test_blind_prefix_value_is_the_mean_score_of_the_corpus():
+  problem = builtin.ChainProblem(start=3, ops='*+-*+-*+-*+-', operands=(2, 4, 6, 3, 1, 2, 5, 6,
+                                                                        3, 4, 1, 5), modulus=7)
+  blind = builtin.blind_facts(7, 0.5)
+  rng = np.random.default_rng(1)
+  samples = [builtin_sft.sample_values(problem, rng, 0.0, 0.3, blind) for _ in range(4000)]
+  for scoring in ('local', 'leading'):
+    scores = np.asarray([builtin.score_response(problem, builtin.response_text(problem, v),
+                                                scoring).points / 7 for v in samples])
+    exact = builtin_sft.prefix_value(problem, samples[0], '', 0.7, scoring, blind)
+    assert abs(scores.mean() - exact) < 4 * scores.std() / np.sqrt(len(scores)) + 1e-9
+    # After the first line: the samples that wrote the same first value.
+    first = samples[0][0]
+    kept = np.asarray([v[0] == first for v in samples])
+    text = builtin.response_text(problem, samples[0])
+    exact1 = builtin_sft.prefix_value(problem, samples[0], text[:text.index('\n')], 0.7, scoring,
+                                      blind)
+    assert abs(scores[kept].mean() - exact1) < 4 * scores[kept].std() / np.sqrt(kept.sum()) + 1e-9
+
+
+def test_chain_corpus_with_blind_facts(built):
+  _, task, _ = built
+  corpus = builtin_sft.corpus_of(task, step_mistake_rate=0.2, blind_fraction=1.0)
+  problem = corpus.parse(task.records('train')[0].prompt)
+  rng = np.random.default_rng(0)
+  # Every fact blind: even clean solutions are guesses, so they are seldom right.
+  right = [corpus.sample(problem, rng, clean=True) == problem.values() for _ in range(50)]
+  assert sum(right) <= 2
+  assert corpus.value(problem, problem.values(), '') == pytest.approx(
+      (6 / 13 + 13 ** -8) / 7)  # SMALL: K = 8, modulus 13; every line a 1-in-13 guess
+  with pytest.raises(ValueError, match='blind facts go with step mistakes'):
+    builtin_sft.corpus_of(task, mistake_rate=0.1, blind_fraction=0.5)

@@ -11,6 +11,8 @@ which the trainer treats as reward 0 for the actor and leaves out of critic targ
 
 from __future__ import annotations
 
+import hashlib
+
 import dataclasses
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
@@ -124,3 +126,8 @@ def answer_block(response_text: str, open_tag: str, close_tag: str) -> str | Non
   if end < 0:
     return None
   return rest[start:end]
+
+
+def unit_hash(text: str) -> float:
+  """A number in [0, 1) fixed by `text` alone (the same on every seed, machine and process)."""
+  return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2 ** 32

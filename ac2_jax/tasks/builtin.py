@@ -37,6 +37,7 @@ block does. Two rules (`ChainSettings.scoring`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from typing import Mapping, Sequence
@@ -187,6 +188,31 @@ def parse_problem(prompt: str) -> ChainProblem:
   steps = _STEP_RE.findall(m.group(3))
   return ChainProblem(start=int(m.group(1)), ops=''.join(op for op, _ in steps),
                       operands=tuple(int(a) for _, a in steps), modulus=int(m.group(2)))
+
+
+Fact = tuple[int, str, int]  # (x, op, a): the result of x op a modulo the problem's prime
+
+
+@functools.lru_cache(maxsize=64)
+def blind_facts(modulus: int, fraction: float) -> frozenset[Fact]:
+  """The facts `x op a (mod modulus)` whose result a blind solver does not know.
+
+  A fixed share of all facts of the three operations, each chosen by a hash of the fact alone,
+  so that the set is the same on every seed and machine (the walk's `blind_numbers` in the
+  chain): a warm start imitating a corpus that writes these results at random knows the other
+  facts and has these to learn.
+  """
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f'blind fraction must lie in [0, 1], got {fraction}')
+  facts = [(x, op, a) for x in range(modulus) for op in OPS
+           for a in range(2 if op == '*' else 1, modulus)]
+  return frozenset(f for f in facts if base.unit_hash(f'blind|{modulus}|{f[0]}{f[1]}{f[2]}')
+                   < fraction)
+
+
+def step_fact(problem: 'ChainProblem', step: int, previous: int) -> Fact:
+  """The fact step `step` of `problem` asks for when the value written before it is `previous`."""
+  return previous, problem.ops[step], problem.operands[step]
 
 
 def written_values(problem: ChainProblem, mistake_at: int | None = None,

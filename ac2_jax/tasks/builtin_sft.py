@@ -26,24 +26,32 @@ from ac2_jax.tasks import builtin, walk
 
 
 def sample_values(problem: builtin.ChainProblem, rng: np.random.Generator,
-                  mistake_rate: float, step_mistake_rate: float = 0.0) -> list[int]:
+                  mistake_rate: float, step_mistake_rate: float = 0.0,
+                  blind: frozenset[builtin.Fact] = frozenset()) -> list[int]:
   """Written values of one worked solution: correct, or (with `mistake_rate`) one mistake.
 
   With `step_mistake_rate` > 0 instead, every step is independently wrong with that probability
   (the solver carries on from whatever it wrote). A model imitating these solutions errs at about
   that rate per step, which sets its starting accuracy far more reliably than the length of the
-  warm start does (accuracy jumps once the arithmetic is learned).
+  warm start does (accuracy jumps once the arithmetic is learned). On a `blind` fact
+  (`builtin.blind_facts`) the solver writes a uniform value of the modulus, step mistakes or not.
   """
   if not 0.0 <= mistake_rate <= 1.0:
     raise ValueError(f'mistake_rate must lie in [0, 1], got {mistake_rate}')
   if not 0.0 <= step_mistake_rate <= 1.0:
     raise ValueError(f'step_mistake_rate must lie in [0, 1], got {step_mistake_rate}')
-  if step_mistake_rate > 0.0:
+  if blind and mistake_rate:
+    raise ValueError('blind facts go with step mistakes (step_mistake_rate), not with '
+                     'whole-solution mistakes (mistake_rate)')
+  if step_mistake_rate > 0.0 or blind:
     out, v = [], problem.start
     for i in range(problem.steps):
-      v = problem.apply(i, v)
-      if rng.random() < step_mistake_rate:
-        v = (v + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
+      if builtin.step_fact(problem, i, v) in blind:
+        v = int(rng.integers(problem.modulus))
+      else:
+        v = problem.apply(i, v)
+        if step_mistake_rate > 0.0 and rng.random() < step_mistake_rate:
+          v = (v + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
       out.append(v)
     return out
   if rng.random() >= mistake_rate:
@@ -73,13 +81,14 @@ def reply_ids(tok: tokenization.Tokenizer, thinking: str, content: str) -> list[
 
 
 def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: str,
-                 step_correct: float, scoring: str = 'leading') -> float:
+                 step_correct: float, scoring: str = 'leading',
+                 blind: frozenset[builtin.Fact] = frozenset()) -> float:
   """Expected points / 7 for finishing a worked solution whose first characters are `prefix_text`.
 
   `values` are the values the solution writes (the prefix is a prefix of its text); each step not
-  yet written is right with probability `step_correct`, as in `sample_values` (under 'leading'
-  scoring the first wrong one ends the credit; under 'local' every right line earns its share). A
-  line counts as written once its value is complete.
+  yet written is right with probability `step_correct`, as in `sample_values`, or 1 / modulus on a
+  `blind` fact (under 'leading' scoring the first wrong one ends the credit; under 'local' every
+  right line earns its share). A line counts as written once its value is complete.
   """
   k = problem.steps
   own_lines = builtin.steps_text(problem, values).split('\n')
@@ -88,37 +97,89 @@ def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: 
     written.append(last)  # the value is written, only the line break is missing
   written = written[:k]
   credits = builtin.line_credits(problem, '\n'.join(written), scoring)[:len(written)]
+  if blind:
+    return _blind_prefix_value(problem, values[len(written) - 1] if written else problem.start,
+                               credits, step_correct, scoring, blind)
   left = k - len(written)
   intact = all(credits)
   if scoring == 'local':
     expected = 6 * (sum(credits) + step_correct * left) / k
     return (expected + (step_correct ** left if intact else 0.0)) / 7
 
-  def points(c):
-    return (6 * c) // k + int(c == k)
-
   correct = sum(credits)
   if not intact:
-    return points(correct) / 7
-  expected = sum(step_correct ** g * (1 - step_correct) * points(correct + g) for g in range(left))
-  return (expected + step_correct ** left * points(k)) / 7
+    return _points(correct, k, scoring) / 7
+  expected = sum(step_correct ** g * (1 - step_correct) * _points(correct + g, k, scoring)
+                 for g in range(left))
+  return (expected + step_correct ** left * _points(k, k, scoring)) / 7
+
+
+def _points(correct: float, k: int, scoring: str) -> float:
+  """Points of `correct` credited lines out of `k`, the answer right when all are."""
+  lines = 6 * correct / k if scoring == 'local' else (6 * correct) // k
+  return lines + int(correct == k)
+
+
+def _blind_prefix_value(problem: builtin.ChainProblem, last_written: int, credits: list[bool],
+                        step_correct: float, scoring: str, blind: frozenset[builtin.Fact]
+                        ) -> float:
+  """`prefix_value` when some facts are blind: a line's chance of being right then depends on
+  the value written before it, so the written value's distribution is carried step by step."""
+  p, k = problem.modulus, problem.steps
+  truth = [problem.start, *problem.values()]
+
+  def right(step: int, previous: int) -> float:
+    return 1.0 / p if builtin.step_fact(problem, step, previous) in blind else step_correct
+
+  # The chance that every line from here on is right: the path is then the true one.
+  stay_right = [right(j, truth[j]) for j in range(len(credits), k)]
+  intact = all(credits)
+  if scoring == 'leading':
+    correct = sum(credits)
+    if not intact:
+      return _points(correct, k, scoring) / 7
+    expected, reach = 0.0, 1.0
+    for g, q in enumerate(stay_right):
+      expected += reach * (1 - q) * _points(correct + g, k, scoring)
+      reach *= q
+    return (expected + reach * _points(k, k, scoring)) / 7
+  dist_P = np.zeros(p)
+  dist_P[last_written] = 1.0
+  lines = float(sum(credits))
+  for j in range(len(credits), k):
+    next_P = np.zeros(p)
+    for x in np.flatnonzero(dist_P):
+      q = right(j, int(x))
+      lines += dist_P[x] * q
+      if builtin.step_fact(problem, j, int(x)) in blind:
+        next_P += dist_P[x] / p
+      else:
+        y = problem.apply(j, int(x))
+        next_P += dist_P[x] * (1 - q) / (p - 1)
+        next_P[y] += dist_P[x] * (q - (1 - q) / (p - 1))
+    dist_P = next_P
+  return (6 * lines / k + (float(np.prod(stay_right)) if intact else 0.0)) / 7
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainCorpus:
-  """Worked chain solutions with mistakes (`sample_values`), valued by `prefix_value`."""
+  """Worked chain solutions with mistakes (`sample_values`), valued by `prefix_value`; the
+  solver does not know the results of its `blind` share of the facts (`builtin.blind_facts`)."""
 
   scoring: str = 'local'
   mistake_rate: float = 0.0
   step_mistake_rate: float = 0.0
   value_step_mistake_rate: float | None = None  # the solver `value` labels for; None: this one
+  blind: float = 0.0
 
   def parse(self, prompt: str) -> builtin.ChainProblem:
     return builtin.parse_problem(prompt)
 
   def sample(self, problem, rng: np.random.Generator, clean: bool = False):
+    # Clean solutions make no mistakes, but a blind fact's result is unknown even then.
     return sample_values(problem, rng, 0.0 if clean else self.mistake_rate,
-                         0.0 if clean else self.step_mistake_rate)
+                         0.0 if clean else self.step_mistake_rate,
+                         builtin.blind_facts(problem.modulus, self.blind))
 
   def tokenizer_sample(self, problem, rng: np.random.Generator):
     return sample_values(problem, rng, 0.5)
@@ -129,7 +190,8 @@ class ChainCorpus:
   def value(self, problem, solution, prefix_text: str) -> float:
     rate = (self.step_mistake_rate if self.value_step_mistake_rate is None
             else self.value_step_mistake_rate)
-    return prefix_value(problem, solution, prefix_text, 1.0 - rate, self.scoring)
+    return prefix_value(problem, solution, prefix_text, 1.0 - rate, self.scoring,
+                        builtin.blind_facts(problem.modulus, self.blind))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +228,8 @@ def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0
               value_step_mistake_rate: float | None = None, blind_fraction: float = 0.0):
   """The corpus of a built-in task (chain or walk) at the given mistake rates; its values are
   those of a solver at `value_step_mistake_rate` (None: at `step_mistake_rate`). The walk's solver
-  does not know the best move on `blind_fraction` of the numbers (`walk.blind_numbers`)."""
+  does not know the best move on `blind_fraction` of the numbers (`walk.blind_numbers`), the
+  chain's the result of `blind_fraction` of the facts (`builtin.blind_facts`)."""
   if value_step_mistake_rate is not None and not 0.0 <= value_step_mistake_rate <= 1.0:
     raise ValueError(f'value_step_mistake_rate must lie in [0, 1], got {value_step_mistake_rate}')
   if isinstance(task, walk.WalkTask):
@@ -175,10 +238,11 @@ def corpus_of(task, *, mistake_rate: float = 0.0, step_mistake_rate: float = 0.0
                        'step_mistake_rate (the share of off-plan moves)')
     walk.blind_numbers(task.settings.goal, blind_fraction)  # checks the fraction
     return WalkCorpus(step_mistake_rate, value_step_mistake_rate, blind_fraction)
-  if blind_fraction:
-    raise ValueError('blind_fraction is a setting of the walk task\'s corpus, not the chain\'s')
+  builtin.blind_facts(task.settings.modulus, blind_fraction)  # checks the fraction
+  if blind_fraction and mistake_rate:
+    raise ValueError('the chain\'s blind facts go with step mistakes: set mistake_rate=0')
   return ChainCorpus(task.settings.scoring, mistake_rate, step_mistake_rate,
-                     value_step_mistake_rate)
+                     value_step_mistake_rate, blind_fraction)
 
 
 def sft_examples(task, tok: tokenization.Tokenizer, *,

@@ -285,11 +285,7 @@ def blind_numbers(goal: int, fraction: float) -> frozenset[int]:
   `fraction` of them, picked by a hash of the number alone: the same for every problem and seed)."""
   if not 0.0 <= fraction <= 1.0:
     raise ValueError(f'blind fraction must lie in [0, 1], got {fraction}')
-  return frozenset(x for x in range(1, goal) if _unit_hash(f'blind|{x}') < fraction)
-
-
-def _unit_hash(text: str) -> float:
-  return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2 ** 32
+  return frozenset(x for x in range(1, goal) if base.unit_hash(f'blind|{x}') < fraction)
 
 
 def sample_walk(problem: WalkProblem, rng: np.random.Generator, noise: float,

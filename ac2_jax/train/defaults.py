@@ -106,7 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.critic_batch_size = 16
   c.sft.critic_seq_len = 256
   c.sft.critic_value_mistake_rate = -1.0  # critic examples' values: < 0 = the corpus's own rate
-  c.sft.blind_fraction = 0.0       # walk: share of numbers whose best move the corpus never shows
+  c.sft.blind_fraction = 0.0       # share of walk numbers / chain facts the corpus never shows
 
   c.controller = ml_collections.ConfigDict()  # ac2_jax.controller.ControllerSettings fields
   c.controller.group_size = 8

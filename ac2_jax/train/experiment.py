@@ -105,7 +105,7 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
       seed=c.seed, epochs=None, clean_first=settings.clean_steps * settings.batch_size,
       blind_fraction=settings.blind_fraction)
   clean_examples = builtin_sft.sft_examples(task, tok, mistake_rate=0.0, seed=c.seed + 2,
-                                            epochs=None)
+                                            epochs=None, blind_fraction=settings.blind_fraction)
   value_rate = settings.critic_value_mistake_rate
   critic_examples = builtin_sft.critic_examples(
       task, tok, step_mistake_rate=settings.step_mistake_rate, seed=c.seed + 1,

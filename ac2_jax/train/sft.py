@@ -79,8 +79,9 @@ class SFTSettings:
   # Built-in task: the critic examples are labelled with the values of a solver at this step
   # mistake rate; < 0: at step_mistake_rate (the corpus's own values).
   critic_value_mistake_rate: float = -1.0
-  # Built-in walk: the share of numbers where the corpus's solver does not know the best move
-  # (walk.blind_numbers): the warm start moves at random there, and RL has to find those moves.
+  # Built-in tasks: the share of the walk's numbers where the corpus's solver does not know the
+  # best move (walk.blind_numbers), or of the chain's facts x op a whose results it writes at
+  # random (builtin.blind_facts): the warm start guesses there, and RL has to learn them.
   blind_fraction: float = 0.0
   seed: int = 0
 

@@ -221,8 +221,12 @@ def sft_settings(c: ml_collections.ConfigDict) -> sft_lib.SFTSettings:
   if not 0.0 <= settings.blind_fraction <= 1.0:
     raise ConfigError(f'config.sft.blind_fraction must lie in [0, 1], got '
                       f'{settings.blind_fraction!r}')
-  if settings.blind_fraction and c.task.name != 'walk':
-    raise ConfigError('config.sft.blind_fraction is a setting of the walk task (task.name=walk)')
+  if settings.blind_fraction and c.task.name not in BUILTIN_TASKS:
+    raise ConfigError('config.sft.blind_fraction is a setting of the built-in tasks '
+                      f'{BUILTIN_TASKS}')
+  if settings.blind_fraction and c.task.name == 'builtin' and settings.mistake_rate:
+    raise ConfigError('config.sft.blind_fraction goes with config.sft.step_mistake_rate in the '
+                      'chain; set config.sft.mistake_rate=0')
   return settings
 
 
