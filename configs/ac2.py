@@ -49,7 +49,9 @@ AC2's score falls after step 20 on every seed while its critic trails the sharpe
 for the walk's warm start, off by default (BENCHMARKS.md, "The walk, session 7"):
 sft.critic_value_mistake_rate (critic examples valued by a sharper solver; did not make problems ready
 sooner) and sft.blind_fraction (the corpus moves at random on a share of the numbers; the warm start
-scores 0.35 at 0.4 with step mistakes 0.2, but RL finds those moves within 5-20 steps). With
+scores 0.35 at 0.4 with step mistakes 0.2, but RL finds those moves within 5-20 steps; in the chain
+the same key makes the corpus write a share of the facts x op a at random, BENCHMARKS.md,
+"Session 16"). With
 `--config.actor.learning_rate=3e-5 --config.sampling.temperature=1.0` (seed 0, BENCHMARKS.md, "The
 walk, session 8") problems are ready from step 5, yet AC2 ends at 0.77-0.85 against Prefix GRPO's
 0.90: the critic's updates of the shared weights slow the actor (AC2 that is never ready ends where
