@@ -11,9 +11,8 @@ which the trainer treats as reward 0 for the actor and leaves out of critic targ
 
 from __future__ import annotations
 
-import hashlib
-
 import dataclasses
+import hashlib
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from ac2_jax import tokenization

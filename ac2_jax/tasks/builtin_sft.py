@@ -149,14 +149,14 @@ def _blind_prefix_value(problem: builtin.ChainProblem, last_written: int, credit
   for j in range(len(credits), k):
     next_P = np.zeros(p)
     for x in np.flatnonzero(dist_P):
-      q = right(j, int(x))
-      lines += dist_P[x] * q
-      if builtin.step_fact(problem, j, int(x)) in blind:
-        next_P += dist_P[x] / p
-      else:
-        y = problem.apply(j, int(x))
-        next_P += dist_P[x] * (1 - q) / (p - 1)
-        next_P[y] += dist_P[x] * (q - (1 - q) / (p - 1))
+      share = dist_P[x]
+      if builtin.step_fact(problem, j, int(x)) in blind:  # a guess: right 1 time in p
+        lines += share / p
+        next_P += share / p
+      else:  # right with step_correct, else any of the p - 1 wrong values
+        lines += share * step_correct
+        next_P += share * (1 - step_correct) / (p - 1)
+        next_P[problem.apply(j, int(x))] += share * (step_correct - (1 - step_correct) / (p - 1))
     dist_P = next_P
   return (6 * lines / k + (float(np.prod(stay_right)) if intact else 0.0)) / 7
 

@@ -22,8 +22,8 @@ and a 400-step noisy tail (sft.noisy_tail_steps) starts at 0.21 / 0.28 / 0.25 on
 moves less between machines, but GRPO saturates by step 20 on seeds 1 and 2: a warm start at the
 corpus's level knows every result and only has to stop the corpus's deliberate mistakes.
 Tried in session 16 (BENCHMARKS.md): blind facts (sft.blind_fraction 0.7, step mistakes 0, 1,400
-SFT steps) start at 0.374 / 0.374 / 0.381 on seeds 0 / 1 / 2, but GRPO only climbs to 0.43 in 80 steps; at 560
-SFT steps the start still jumps between seeds (f = 0.5: 0.23 / 0.20 / 0.54).
+SFT steps) start at 0.374 / 0.374 / 0.381 on seeds 0 / 1 / 2, but GRPO only climbs to 0.43 in 80
+steps; at 560 SFT steps the start still jumps between seeds (f = 0.5: 0.23 / 0.20 / 0.54).
 """
 
 from __future__ import annotations
