@@ -133,6 +133,10 @@ _PRESETS = {
     'tiny': ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_layers=4,
                         num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
                         tie_embeddings=False, max_position_embeddings=4096),
+    # The critic's capacity lever (issue 15): `tiny` twice as deep, about 2.1M parameters.
+    'tiny_deep': ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_layers=8,
+                             num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
+                             tie_embeddings=False, max_position_embeddings=4096),
     # CPU benchmarks: about 29M parameters.
     'small': ModelConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=8,
                          num_heads=8, num_kv_heads=4, head_dim=64, rope_theta=10_000.0,
@@ -152,7 +156,8 @@ PRESET_NAMES = tuple(_PRESETS)
 
 
 def get_config(name: str, **overrides) -> ModelConfig:
-  """Returns the preset `name` ('tiny', 'small', 'qwen3_0_6b', 'qwen3_1_7b', 'qwen3_4b')."""
+  """Returns the preset `name` ('tiny', 'tiny_deep', 'small', 'qwen3_0_6b', 'qwen3_1_7b',
+  'qwen3_4b')."""
   if name not in _PRESETS:
     raise ValueError(f'unknown model preset {name!r}; known: {", ".join(PRESET_NAMES)}')
   return _PRESETS[name].replace(**overrides) if overrides else _PRESETS[name]
