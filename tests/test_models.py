@@ -109,6 +109,11 @@ def test_official_parameter_counts():
   assert count == 1_720_574_976
   assert count + config.vocab_size * config.hidden_size == 2_031_739_904
   assert 1_000_000 <= _param_count('tiny')[0] <= 4_000_000
+  # tiny_deep is tiny with twice the layers: the same embeddings and head, twice the blocks.
+  tiny, deep = _param_count('tiny')[0], _param_count('tiny_deep')[0]
+  blocks = deep - tiny
+  assert get_config('tiny_deep').num_layers == 2 * get_config('tiny').num_layers
+  assert tiny - blocks == 2 * 512 * 128 + 128  # embeddings, untied head and the final norm
   assert 20_000_000 <= _param_count('small')[0] <= 50_000_000
 
 
