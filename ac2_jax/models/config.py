@@ -127,16 +127,15 @@ class ModelConfig:
     return cls(**kwargs)
 
 
-# Dimensions of the official Qwen3 configs (Hugging Face Qwen/Qwen3-*/config.json).
+# CPU tests: about 1.2M parameters. Untied so the separate lm_head path is exercised.
+_TINY = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_layers=4,
+                    num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
+                    tie_embeddings=False, max_position_embeddings=4096)
+# The qwen3_* entries: dimensions of the official Qwen3 configs (Hugging Face Qwen/Qwen3-*/config.json).
 _PRESETS = {
-    # CPU tests: about 1.2M parameters. Untied so the separate lm_head path is exercised.
-    'tiny': ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_layers=4,
-                        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
-                        tie_embeddings=False, max_position_embeddings=4096),
+    'tiny': _TINY,
     # The critic's capacity lever (issue 15): `tiny` twice as deep, about 2.1M parameters.
-    'tiny_deep': ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_layers=8,
-                             num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
-                             tie_embeddings=False, max_position_embeddings=4096),
+    'tiny_deep': _TINY.replace(num_layers=8),
     # CPU benchmarks: about 29M parameters.
     'small': ModelConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=8,
                          num_heads=8, num_kv_heads=4, head_dim=64, rope_theta=10_000.0,
