@@ -8,7 +8,7 @@ import pytest
 from ac2_jax.bench import critic_exact
 from ac2_jax.learner import rows
 from ac2_jax.tasks import builtin
-from ac2_jax.train import cli, experiment
+from ac2_jax.train import cli, critic_warmup, experiment
 from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
 
 
@@ -58,11 +58,10 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
     written = p.lines[0]
     assert 1 <= written <= 3
     last = problem.values()[written - 1]
-    assert p.value == critic_exact.state_lines_value(last, written)
+    assert p.value == critic_warmup.state_lines_value(last, written)
   settings = critic_exact.ExactSettings(pairs=32, pairs_per_update=16, eval_every=16, held_out=8,
                                         baseline_pairs=32)
-  curve = critic_exact.run(rt, state, settings, records_batch=rows.critic_records_batch,
-                           log=lambda *_: None)
+  curve = critic_exact.run(rt, state, settings, log=lambda *_: None)
   assert [e['pairs'] for e in curve] == [0, 16, 32]
   for entry in curve:
     fig = entry['critic']
@@ -71,6 +70,13 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
   # on its own training table; on held-out prefixes it may not, but both are real figures.
   assert set(curve[0]) >= {'lookup', 'position', 'linear'}
   assert curve[0]['lookup']['mae_constant'] == curve[0]['critic']['mae_constant']
+  # A curriculum: held out at the last stage's cut, and at each earlier stage's cut beside it.
+  staged = dataclasses.replace(settings, curriculum='1:16,0:16')
+  _, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)  # the update donated it
+  curve = critic_exact.run(rt, state, staged, log=lambda *_: None)
+  assert [e['pairs'] for e in curve] == [0, 16, 32]
+  assert set(curve[-1]['by_cut']) == {'1'}
+  assert curve[-1]['by_cut']['1']['value_spread'] > 0
 
 
 def test_ridge_reads_recover_a_linear_map():

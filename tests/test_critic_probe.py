@@ -9,7 +9,7 @@ import pytest
 from ac2_jax import critic
 from ac2_jax.learner import rows as rollouts
 from ac2_jax.bench import critic as probe
-from ac2_jax.tasks import builtin
+from ac2_jax.tasks import builtin, builtin_sft
 from ac2_jax.train import experiment
 from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
 
@@ -57,11 +57,11 @@ def test_lookup_and_line_counts():
   task = builtin.BuiltinTask.generate(builtin.ChainSettings(num_train=50, num_validation=8))
   record = builtin.to_record(PROBLEM, 'train')
   # Two complete lines (the second wrong), a third without its line break yet.
-  assert probe.lookup_key(task, record, '11-5=6\n6+3=8\n8+2=1') == (2, 1)
+  assert builtin_sft.lookup_key(task, record, '11-5=6\n6+3=8\n8+2=1') == (2, 1)
   leading = builtin.BuiltinTask.generate(builtin.ChainSettings(num_train=50, num_validation=8,
                                                                scoring='leading'))
-  assert probe.lookup_key(leading, record, '11-5=7\n7+3=10\n') == (2, 0)
-  assert probe.lookup_key(task, record, '11-5=7\n7+3=10\n') == (2, 1)
+  assert builtin_sft.lookup_key(leading, record, '11-5=7\n7+3=10\n') == (2, 0)
+  assert builtin_sft.lookup_key(task, record, '11-5=7\n7+3=10\n') == (2, 1)
 
 
 def test_probe_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path):

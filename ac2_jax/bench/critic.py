@@ -33,7 +33,7 @@ import numpy as np
 
 from ac2_jax import critic as critic_lib
 from ac2_jax.controller import sampling as ctl_sampling
-from ac2_jax.tasks import builtin, walk
+from ac2_jax.tasks import builtin_sft
 
 POSITIONS = ('early', 'middle', 'late')
 
@@ -69,7 +69,7 @@ class ProbePrefix:
   rewards_G: np.ndarray           # each continuation's reward
   chunk_ends: list                # per continuation: response tokens at the chunk's end
   chunk_scored: np.ndarray        # bool [G]: the chunk would go to the critic (else its reward)
-  lines: tuple[int, int]          # the prefix's `lookup_key`
+  lines: tuple[int, int]          # the prefix's `builtin_sft.lookup_key`
   chunk_lines: list               # per continuation, the same key at the chunk's end
 
 
@@ -82,20 +82,6 @@ class _Record:
   reference: str | None
   target: float
   weight: float
-
-
-def lookup_key(task, record, response_text: str) -> tuple[int, int]:
-  """What the reference lookup values a partial built-in response by: in the chain (lines
-  written, lines credited) under the task's scoring, in the walk (moves left, number reached)."""
-  if isinstance(task, walk.WalkTask):
-    x, left = walk.state_of(walk.parse_problem(record.prompt), response_text)
-    return left, x
-  problem = builtin.parse_problem(record.prompt)
-  thinking = response_text.partition('</think>')[0]
-  written = min(thinking.count('\n'), problem.steps)  # a line counts once its break is written
-  complete = '\n'.join(thinking.split('\n')[:written])
-  credits = builtin.line_credits(problem, complete, task.settings.scoring)
-  return written, sum(credits[:written])
 
 
 def position_of(cut: int, reasoning_len: int) -> str:
@@ -152,12 +138,13 @@ def build_prefixes(rt, params, controller_settings, settings: ProbeSettings, key
       capped = len(conts[i].new_N) > s.chunk_size
       scored.append(capped and not rt.task.has_complete_answer(text))
       ends.append(end)
-      chunk_lines.append(lookup_key(rt.task, record, text))
+      chunk_lines.append(builtin_sft.lookup_key(rt.task, record, text))
     out.append(ProbePrefix(
         problem_index=p, prefix_P=np.asarray(prefix, np.int32), position=position,
         label=critic_lib.round_to_grid(float(rewards.mean())), rewards_G=rewards,
         chunk_ends=ends, chunk_scored=np.array(scored),
-        lines=lookup_key(rt.task, record, tok.decode(prefix.tolist())), chunk_lines=chunk_lines))
+        lines=builtin_sft.lookup_key(rt.task, record, tok.decode(prefix.tolist())),
+        chunk_lines=chunk_lines))
   return out
 
 

@@ -19,6 +19,11 @@ prefixes of held-out (validation) problems. It prints, every `eval_every` pairs:
   (task.name=walk) `lookup` keys on the state itself (moves left, number reached: exact) and
   `position` on the moves left alone; `mistake_rate` is the corpus's share of off-plan moves.
 
+`--curriculum=1:12000,2:6000,0:12000` trains in stages, each (cut_lines, pairs), as the run's critic
+warm-up does (train/critic_warmup.py, `config.critic.warmup`); the held-out prefixes are cut as the
+last stage cuts, and the critic is also read on prefixes cut as each earlier stage cuts. With a
+config whose `critic.warmup` is set, the critic starts warmed up (`--pairs=0` reads it as it is).
+
 Two controls swap the values for labels that need no checking of the lines: `--labels=start`, the
 start value / 10 (a token of the prompt: shows the update itself can move the critic's reads), and
 `--labels=state`, the last value the attempt wrote / 10 (the start value before any line: a token
@@ -39,9 +44,9 @@ from ac2_jax import critic as critic_lib
 from ac2_jax import models
 from ac2_jax import sampling
 from ac2_jax.bench import critic as probe
-from ac2_jax.tasks import builtin_sft, walk
+from ac2_jax.train import critic_warmup
 
-LABELS = ('value', 'start', 'state', 'state_lines')
+LABELS = critic_warmup.LABELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,9 @@ class ExactSettings:
   # 0: cut at a uniform token of the reasoning; N: right after 1..N whole lines (uniform), the
   # easiest case, where the value turns on one or two lines only.
   cut_lines: int = 0
+  # Stages 'cut_lines:pairs,...' (critic_warmup.parse_curriculum) instead of (cut_lines, pairs):
+  # the warm-up's curriculum. Held out: prefixes at every stage's cut, read after each report.
+  curriculum: str = ''
   seed: int = 0
 
   def __post_init__(self):
@@ -69,62 +77,30 @@ class ExactSettings:
       raise ValueError(f'cut_lines must be >= 0, got {self.cut_lines}')
     if min(self.pairs_per_update, self.eval_every, self.held_out) < 1 or self.pairs < 0:
       raise ValueError('pairs >= 0 and pairs_per_update, eval_every, held_out >= 1 required')
+    self.warmup()  # a malformed curriculum fails here
+
+  def stages(self) -> tuple[tuple[int, int], ...]:
+    return (critic_warmup.parse_curriculum(self.curriculum) if self.curriculum
+            else ((self.cut_lines, self.pairs),) if self.pairs else ())
+
+  def warmup(self) -> critic_warmup.WarmupSettings:
+    """The warm-up these settings run (its stages, rate, batch and corpus)."""
+    return critic_warmup.WarmupSettings(
+        curriculum=self.stages(), learning_rate=self.learning_rate,
+        pairs_per_update=self.pairs_per_update, mistake_rate=self.mistake_rate,
+        with_reference=self.with_reference, seed=self.seed)
 
 
-@dataclasses.dataclass(frozen=True)
-class ExactPrefix:
-  context: np.ndarray           # the critic prompt's token ids
-  value: float                  # exact expected points / 7 (or the control's label)
-  lines: tuple[int, int]        # `critic.lookup_key`: chain (lines written, lines credited),
-                                # walk (moves left, number reached)
+def prefixes(rt, settings: ExactSettings, split: str, seed: int, cut_lines: int | None = None
+             ) -> Iterator[critic_warmup.ExactPrefix]:
+  """Corpus prefixes of `split`'s problems with exact values (or the control's labels), forever."""
+  return critic_warmup.exact_prefixes(
+      rt, split, seed, cut_lines=settings.cut_lines if cut_lines is None else cut_lines,
+      mistake_rate=settings.mistake_rate, with_reference=settings.with_reference,
+      labels=settings.labels)
 
 
-def prefixes(rt, settings: ExactSettings, split: str, seed: int) -> Iterator[ExactPrefix]:
-  """Corpus prefixes of `split`'s problems, cut at a uniform token of the reasoning, forever."""
-  tok, task = rt.tokenizer, rt.task
-  is_walk = isinstance(task, walk.WalkTask)
-  if is_walk and settings.labels != 'value':
-    raise ValueError(f'labels={settings.labels!r} is a control of the chain task; the walk '
-                     f'measures its values (labels=value)')
-  corpus = builtin_sft.corpus_of(task, step_mistake_rate=settings.mistake_rate)
-  records = task.records(split)
-  rng = np.random.default_rng(seed)
-  think_close = tok.token_id('</think>')
-  line_break = tok.encode('\n')[-1]
-  while True:
-    record = records[int(rng.integers(len(records)))]
-    problem = corpus.parse(record.prompt)
-    solution = corpus.sample(problem, rng)
-    response = builtin_sft.reply_ids(tok, *corpus.texts(problem, solution))
-    reasoning = response[:response.index(think_close)]
-    if settings.cut_lines:
-      breaks = [i for i, t in enumerate(reasoning) if t == line_break]
-      prefix = response[:breaks[min(int(rng.integers(settings.cut_lines)), len(breaks) - 1)] + 1]
-    else:
-      prefix = response[:int(rng.integers(len(reasoning) + 1))]
-    reference = (record.reference_solution if rng.random() < settings.with_reference else None)
-    context = rt.critic_context(np.asarray(task.prompt_ids(tok, record), np.int32),
-                                np.asarray(prefix, np.int32), reference)
-    if context is None:
-      raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
-    text = tok.decode(prefix)
-    lines = probe.lookup_key(task, record, text)
-    if settings.labels == 'start':
-      value = problem.start / 10
-    elif settings.labels in ('state', 'state_lines'):
-      state = solution[lines[0] - 1] if lines[0] else problem.start
-      value = state / 10 if settings.labels == 'state' else state_lines_value(state, lines[0])
-    else:
-      value = corpus.value(problem, solution, text)
-    yield ExactPrefix(context, float(value), lines)
-
-
-def state_lines_value(state: int, lines: int) -> float:
-  """A fixed pseudo-random grid value of (state, lines written): the `state_lines` control."""
-  return critic_lib.GRID[(state * 7 + lines * 3 + state * lines) % len(critic_lib.GRID)]
-
-
-def _table_baseline(train: Sequence[ExactPrefix], key) -> callable:
+def _table_baseline(train: Sequence[critic_warmup.ExactPrefix], key) -> callable:
   mean = float(np.mean([p.value for p in train]))
   groups: dict = {}
   for p in train:
@@ -133,7 +109,8 @@ def _table_baseline(train: Sequence[ExactPrefix], key) -> callable:
   return lambda p: table.get(key(p), mean)
 
 
-def figures(reads: np.ndarray, held: Sequence[ExactPrefix], constant: float) -> dict:
+def figures(reads: np.ndarray, held: Sequence[critic_warmup.ExactPrefix], constant: float
+            ) -> dict:
   values = np.array([p.value for p in held])
   return {'mae': float(np.abs(reads - values).mean()),
           'mae_constant': float(np.abs(values - constant).mean()),
@@ -141,7 +118,7 @@ def figures(reads: np.ndarray, held: Sequence[ExactPrefix], constant: float) -> 
           'value_spread': float(values.std())}
 
 
-def expected_reads(rt, params, held: Sequence[ExactPrefix]) -> np.ndarray:
+def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix]) -> np.ndarray:
   """The expectation readout over the grid tokens (one forward per prefix)."""
   grid_ids = [critic_lib.value_target_ids(rt.tokenizer, v)[0] for v in critic_lib.GRID]
   probs_NxM = sampling.token_distribution(rt.model_config, params, [p.context for p in held],
@@ -175,12 +152,19 @@ def ridge_reads(x_train_NxE, y_train_N, x_NxE, penalty: float = 1.0) -> np.ndarr
   return (x_NxE - mean_E) @ w_E + y_mean
 
 
-def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_report=None
-        ) -> list[dict]:
-  """Trains the critic alone on exact-valued corpus prefixes; evaluates on held-out problems."""
-  held = [next(it) for it in [prefixes(rt, settings, 'validation', settings.seed + 1)]
-          for _ in range(settings.held_out)]
-  base = prefixes(rt, settings, 'train', settings.seed + 2)
+def run(rt, state, settings: ExactSettings, *, log=print, on_report=None) -> list[dict]:
+  """Trains the critic alone on exact-valued corpus prefixes (`critic_warmup.train`: the stages of
+  `settings.stages()`); evaluates on held-out problems, cut as the last stage cuts (the baselines'
+  figures too) and as each earlier stage cuts (`by_cut`: the critic's figures alone)."""
+  stages = settings.stages()
+  final_cut = stages[-1][0] if stages else settings.cut_lines
+  cuts = sorted({cut for cut, _ in stages} - {final_cut})
+  held_out = lambda cut: [next(it) for it in [prefixes(rt, settings, 'validation',
+                                                       settings.seed + 1, cut)]
+                          for _ in range(settings.held_out)]
+  held = held_out(final_cut)
+  held_by_cut = {cut: held_out(cut) for cut in cuts}
+  base = prefixes(rt, settings, 'train', settings.seed + 2, final_cut)
   base_set = [next(base) for _ in range(settings.baseline_pairs)]
   constant = float(np.mean([p.value for p in base_set]))
   baselines = {'lookup': _table_baseline(base_set, lambda p: p.lines),
@@ -191,40 +175,39 @@ def run(rt, state, settings: ExactSettings, *, records_batch, log=print, on_repo
                        np.array([p.value for p in base_set]),
                        last_hidden(rt, state.params, [p.context for p in held]))
   base_figs['linear'] = figures(linear, held, constant)
-  stream = prefixes(rt, settings, 'train', settings.seed + 3)
-  curve, done, start = [], 0, time.time()
+  curve, start = [], time.time()
 
-  def report():
-    fig = figures(expected_reads(rt, rt.critic_params(state), held), held, constant)
-    entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs}
+  def report(state, done):
+    params = rt.critic_params(state)
+    fig = figures(expected_reads(rt, params, held), held, constant)
+    by_cut = {str(cut): figures(expected_reads(rt, params, h), h, constant)
+              for cut, h in held_by_cut.items()}
+    entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs,
+             **({'by_cut': by_cut} if by_cut else {})}
     curve.append(entry)
     if on_report is not None:
       on_report(curve)
     corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear'))
+    earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f}, MAE {f["mae"]:.3f}]'
+                      for cut, f in by_cut.items())
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
         f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
         f'{fig["corr"]:+.3f} ({corrs})  spread {fig["spread"]:.3f} (values '
-        f'{fig["value_spread"]:.3f})')
+        f'{fig["value_spread"]:.3f}){earlier}')
 
-  report()
-  lr = np.float32(settings.learning_rate)
-  while done < settings.pairs:
-    batch_prefixes = [next(stream) for _ in range(settings.pairs_per_update)]
-    records = [probe._Record('', p.context[:0], None, critic_lib.round_to_grid(p.value), 1.0)
-               for p in batch_prefixes]
-    batch = records_batch(rt, [p.context for p in batch_prefixes], records)
-    state, _ = rt.critic_step(state, batch, lr)
-    done += len(batch_prefixes)
-    if done // settings.eval_every != (done - len(batch_prefixes)) // settings.eval_every:
-      report()
-  if curve[-1]['pairs'] != done:
-    report()
+  def on_pairs(state, done):
+    if done // settings.eval_every > curve[-1]['pairs'] // settings.eval_every:
+      report(state, done)
+
+  report(state, 0)
+  warmup = settings.warmup()
+  state = critic_warmup.train(rt, state, warmup, labels=settings.labels, on_pairs=on_pairs)
+  if curve[-1]['pairs'] != warmup.pairs:
+    report(state, warmup.pairs)
   return curve
 
 
 def main(argv: Sequence[str]) -> None:
-  from ac2_jax.learner import rows
   args, _, settings, rt, state = probe.build_from_args(
       'bench.py critic_exact', __doc__, ExactSettings, 'task.builtin_scoring=leading', argv)
-  run(rt, state, settings, records_batch=rows.critic_records_batch,
-      on_report=probe.curve_writer(args, settings))
+  run(rt, state, settings, on_report=probe.curve_writer(args, settings))

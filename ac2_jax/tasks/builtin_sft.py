@@ -310,6 +310,20 @@ def critic_examples(task, tok: tokenization.Tokenizer, *,
            np.asarray(critic.value_target_ids(tok, critic.round_to_grid(value)), np.int32))
 
 
+def lookup_key(task, record, response_text: str) -> tuple[int, int]:
+  """What the reference lookup values a partial built-in response by: in the chain (lines
+  written, lines credited) under the task's scoring, in the walk (moves left, number reached)."""
+  if isinstance(task, walk.WalkTask):
+    x, left = walk.state_of(walk.parse_problem(record.prompt), response_text)
+    return left, x
+  problem = builtin.parse_problem(record.prompt)
+  thinking = response_text.partition('</think>')[0]
+  written = min(thinking.count('\n'), problem.steps)  # a line counts once its break is written
+  complete = '\n'.join(thinking.split('\n')[:written])
+  credits = builtin.line_credits(problem, complete, task.settings.scoring)
+  return written, sum(credits[:written])
+
+
 def tokenizer_corpus(task, *, max_problems: int = 4000, seed: int = 0) -> Iterator[str]:
   """Texts to train the built-in tokenizer on: prompts, worked solutions (some with mistakes),
   critic instructions with and without a reference, critic answers, and the chat role names."""

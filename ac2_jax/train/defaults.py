@@ -265,6 +265,14 @@ def base_config() -> ml_collections.ConfigDict:
   # and trains through a rank-r adapter W + A B (learner/critic_adapter.py), so its update no
   # longer moves the actor; a departure, for small policies whose weights have no room for both.
   c.critic.adapter_rank = 0
+  # The critic warm-up before RL (train/critic_warmup.py; built-in tasks): stages
+  # 'cut_lines:pairs,...' of exact-valued warm-start corpus prefixes through the critic update,
+  # at their own rate and batch; '' = none (the paper has none: a departure, measured in
+  # BENCHMARKS.md). warmup_mistake_rate < 0: the SFT corpus's sft.step_mistake_rate.
+  c.critic.warmup = ''
+  c.critic.warmup_learning_rate = 3e-4
+  c.critic.warmup_pairs_per_update = 64
+  c.critic.warmup_mistake_rate = -1.0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20

@@ -8,6 +8,7 @@ dry run its `dry_run.Plan`, the algorithms their settings and the learner's `Run
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -29,12 +30,12 @@ from ac2_jax.learner import value_critic
 from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.tasks import builtin_sft, builtin_tfds
-from ac2_jax.train import distributed
+from ac2_jax.train import critic_warmup, distributed
 from ac2_jax.train import sft as sft_lib
 # The launchers, tests and benchmarks reach the validation half through this module too.
 from ac2_jax.train.validation import (  # noqa: F401
     ALGORITHMS, BUILTIN_TASKS, VALUE_ALGORITHMS, ConfigError, RunSettings, Settings, TASKS,
-    builtin_settings, chain_settings,
+    builtin_settings, chain_settings, critic_warmup_settings,
     check_value_checkpoint, check_choice, controller_settings, dry_run_plan, judge_settings_of,
     run_settings, run_sizes, config_section, sft_settings, validate)
 
@@ -184,6 +185,11 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
       value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
+  warmup = critic_warmup_settings(c)
+  if warmup is not None:
+    key = critic_warmup.cache_key(warmup, checkpoint, json.dumps(
+        [c.task.to_dict(), c.critic.to_dict(), c.model.to_dict()], sort_keys=True, default=str))
+    state = critic_warmup.warm_up(rt, state, warmup, workdir, key, log=log)
 
   if c.algorithm == 'grpo':
     algorithm = grpo_lib.GRPO(rt, s.grpo, s.controller, c.seed)

@@ -32,7 +32,7 @@ from ac2_jax.controller.switch_gate import GateSettings
 from ac2_jax.models import value as value_model
 from ac2_jax.models.config import ModelConfig
 from ac2_jax.tasks import builtin, walk
-from ac2_jax.train import dry_run
+from ac2_jax.train import critic_warmup, dry_run
 from ac2_jax.train import sft as sft_lib
 from ac2_jax.train.sizes import RunSizes
 
@@ -251,6 +251,27 @@ def grpo_settings(c: ml_collections.ConfigDict) -> grpo_lib.GRPOSettings:
   return settings
 
 
+def critic_warmup_settings(c: ml_collections.ConfigDict
+                           ) -> critic_warmup.WarmupSettings | None:
+  """The critic warm-up (config.critic.warmup*), None when there is none."""
+  if not c.critic.warmup:
+    return None
+  if c.algorithm != 'ac2':
+    raise ConfigError(f'config.critic.warmup warms up the prompt critic of algorithm ac2; '
+                      f'algorithm {c.algorithm!r} has none (set \'\')')
+  if c.task.name not in BUILTIN_TASKS:
+    raise ConfigError(f'config.critic.warmup trains on a built-in task\'s corpus values; task '
+                      f'{c.task.name!r} has none (set \'\')')
+  rate = c.critic.warmup_mistake_rate
+  with config_section('critic'):
+    return critic_warmup.WarmupSettings(
+        curriculum=critic_warmup.parse_curriculum(c.critic.warmup),
+        learning_rate=c.critic.warmup_learning_rate,
+        pairs_per_update=c.critic.warmup_pairs_per_update,
+        mistake_rate=c.sft.step_mistake_rate if rate < 0 else rate,
+        blind_fraction=c.sft.blind_fraction, seed=c.seed)
+
+
 def value_settings(c: ml_collections.ConfigDict) -> value_critic.ValueSettings:
   """The value critic: a sigmoid head with soft BCE for 'pact', else a linear head with the
   clipped loss ('li2sao' adds its ranking term)."""
@@ -461,6 +482,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   if c.critic.adapter_rank and c.algorithm != 'ac2':
     raise ConfigError(f'config.critic.adapter_rank={c.critic.adapter_rank} adapts the prompt '
                       f'critic of algorithm ac2; algorithm {c.algorithm!r} has none (set 0)')
+  warmup = critic_warmup_settings(c)
   if not (isinstance(c.sampling.max_batch, int) and c.sampling.max_batch >= 1):
     raise ConfigError(f'config.sampling.max_batch must be an integer >= 1, '
                       f'got {c.sampling.max_batch!r}')

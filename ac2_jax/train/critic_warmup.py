@@ -1,0 +1,209 @@
+"""The critic warm-up: before RL, the critic alone learns exact prefix values, one cut depth at a time.
+
+AC2's critic is the policy asked by prompt, and RL gives it few examples (32 pairs a step, about
+2,600 in an 80-step run) at a rate tuned for tracking, not for learning a new skill. On the built-in
+chain, the skill is checking the attempt's lines, and measured alone (`launch/bench.py
+critic_exact`, BENCHMARKS.md "Session 17") the tiny critic learns it only at a low rate (3e-4; at
+3e-3 it stays a constant through 48,000 pairs) and only after 12,000-18,000 pairs, and only where
+the value turns on one line at a fixed place (a cut right after the first line); on cuts anywhere
+it is still a constant after 24,000. Hence a warm-up as long as the policy's own SFT, with a
+curriculum over the cut: `curriculum` is a list of stages (cut_lines, pairs), where cut_lines N
+cuts each corpus solution right after one of its first N whole lines (uniform) and 0 at a uniform
+token of its reasoning (every cut the controller can draw).
+
+The prefixes come from the warm-start corpus (each step wrong with `mistake_rate`, the solver
+carrying on from what it wrote; the walk: off-plan moves), labelled with their exact expected value
+(`builtin_sft` corpora): no rollouts, no label noise. They go through the real critic prompt, loss
+and update (`rt.critic_step`), so the warm-up trains what the run's critic update trains: the
+adapter (`critic.adapter_rank`), or the shared weights (then the policy moves too).
+
+The result is cached in the workdir under a key of everything that shapes it, written as an orbax
+checkpoint of the trained field; a rerun or a resumed run restores it instead of training again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ac2_jax import critic as critic_lib
+from ac2_jax.learner import critic_adapter
+from ac2_jax.learner import rows
+from ac2_jax.tasks import builtin_sft, walk
+from ac2_jax.train import checkpointing
+
+LABELS = ('value', 'start', 'state', 'state_lines')
+DIRECTORY = 'critic_warmup'
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupSettings:
+  curriculum: tuple[tuple[int, int], ...] = ()  # stages (cut_lines, pairs); () = no warm-up
+  learning_rate: float = 3e-4
+  pairs_per_update: int = 64
+  mistake_rate: float = 0.3      # per-step mistake rate of the corpus the prefixes come from
+  with_reference: float = 1.0    # share of critic prompts that carry the reference solution
+  blind_fraction: float = 0.0    # the corpus's blind facts (numbers), as its SFT had them
+  seed: int = 0
+
+  def __post_init__(self):
+    for stage in self.curriculum:
+      if len(stage) != 2 or stage[0] < 0 or stage[1] < 1:
+        raise ValueError(f'a curriculum stage is (cut_lines >= 0, pairs >= 1), got {stage}')
+    if not 0.0 <= self.mistake_rate < 1.0:
+      raise ValueError(f'mistake_rate must lie in [0, 1), got {self.mistake_rate}')
+    if self.pairs_per_update < 1 or self.learning_rate <= 0:
+      raise ValueError('pairs_per_update >= 1 and learning_rate > 0 required')
+
+  @property
+  def pairs(self) -> int:
+    return sum(p for _, p in self.curriculum)
+
+
+def parse_curriculum(text: str) -> tuple[tuple[int, int], ...]:
+  """'1:12000,2:6000,0:12000' -> ((1, 12000), (2, 6000), (0, 12000)); '' -> ()."""
+  stages = []
+  for part in filter(None, (p.strip() for p in text.split(','))):
+    try:
+      cut, pairs = (int(x) for x in part.split(':'))
+    except ValueError:
+      raise ValueError(f'curriculum stage {part!r} is not cut_lines:pairs (e.g. 1:12000)'
+                       ) from None
+    stages.append((cut, pairs))
+  return tuple(stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactPrefix:
+  context: np.ndarray           # the critic prompt's token ids
+  value: float                  # exact expected points / max points (or a control's label)
+  lines: tuple[int, int]        # `builtin_sft.lookup_key`: chain (lines written, lines credited),
+                                # walk (moves left, number reached)
+
+
+def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rate: float = 0.3,
+                   with_reference: float = 1.0, blind_fraction: float = 0.0,
+                   labels: str = 'value') -> Iterator[ExactPrefix]:
+  """Corpus prefixes of `split`'s problems with their exact values, forever.
+
+  `labels` other than 'value' are the chain's controls of `launch/bench.py critic_exact`, labels
+  that need no checking of the lines: 'start' (the start value / 10), 'state' (the last written
+  value / 10) and 'state_lines' (a fixed random table of (last value, lines written)).
+  """
+  if labels not in LABELS:
+    raise ValueError(f'labels must be one of {LABELS}, got {labels!r}')
+  tok, task = rt.tokenizer, rt.task
+  if isinstance(task, walk.WalkTask) and labels != 'value':
+    raise ValueError(f'labels={labels!r} is a control of the chain task; the walk measures its '
+                     f'values (labels=value)')
+  corpus = builtin_sft.corpus_of(task, step_mistake_rate=mistake_rate,
+                                 blind_fraction=blind_fraction)
+  records = task.records(split)
+  rng = np.random.default_rng(seed)
+  think_close = tok.token_id('</think>')
+  line_break = tok.encode('\n')[-1]
+  while True:
+    record = records[int(rng.integers(len(records)))]
+    problem = corpus.parse(record.prompt)
+    solution = corpus.sample(problem, rng)
+    response = builtin_sft.reply_ids(tok, *corpus.texts(problem, solution))
+    reasoning = response[:response.index(think_close)]
+    if cut_lines:
+      breaks = [i for i, t in enumerate(reasoning) if t == line_break]
+      prefix = response[:breaks[min(int(rng.integers(cut_lines)), len(breaks) - 1)] + 1]
+    else:
+      prefix = response[:int(rng.integers(len(reasoning) + 1))]
+    reference = record.reference_solution if rng.random() < with_reference else None
+    context = rt.critic_context(np.asarray(task.prompt_ids(tok, record), np.int32),
+                                np.asarray(prefix, np.int32), reference)
+    if context is None:
+      raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
+    text = tok.decode(prefix)
+    lines = builtin_sft.lookup_key(task, record, text)
+    if labels == 'start':
+      value = problem.start / 10
+    elif labels in ('state', 'state_lines'):
+      state = solution[lines[0] - 1] if lines[0] else problem.start
+      value = state / 10 if labels == 'state' else state_lines_value(state, lines[0])
+    else:
+      value = corpus.value(problem, solution, text)
+    yield ExactPrefix(context, float(value), lines)
+
+
+def state_lines_value(state: int, lines: int) -> float:
+  """A fixed pseudo-random grid value of (state, lines written): the `state_lines` control."""
+  return critic_lib.GRID[(state * 7 + lines * 3 + state * lines) % len(critic_lib.GRID)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+  """What `rows.critic_records_batch` reads from a critic-buffer record."""
+  target: float
+  weight: float = 1.0
+
+
+def train(rt, state, settings: WarmupSettings, *, labels: str = 'value',
+          on_pairs: Callable[[object, int], None] | None = None):
+  """Runs the curriculum through `rt.critic_step`; returns the state. `on_pairs(state, done)` is
+  called after every update (a benchmark evaluates there)."""
+  lr = np.float32(settings.learning_rate)
+  done = 0
+  for i, (cut_lines, pairs) in enumerate(settings.curriculum):
+    stream = exact_prefixes(rt, 'train', settings.seed + 3 + 1000 * i, cut_lines=cut_lines,
+                            mistake_rate=settings.mistake_rate,
+                            with_reference=settings.with_reference,
+                            blind_fraction=settings.blind_fraction, labels=labels)
+    end = done + pairs
+    while done < end:
+      batch = [next(stream) for _ in range(min(settings.pairs_per_update, end - done))]
+      records = [_Record(critic_lib.round_to_grid(p.value)) for p in batch]
+      state, _ = rt.critic_step(state, rows.critic_records_batch(
+          rt, [p.context for p in batch], records), lr)
+      done += len(batch)
+      if on_pairs is not None:
+        on_pairs(state, done)
+  return state
+
+
+def cache_key(settings: WarmupSettings, model_checkpoint: str, config_key: str) -> str:
+  blob = json.dumps([dataclasses.asdict(settings), os.path.abspath(model_checkpoint), config_key],
+                    sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warm_up(rt, state, settings: WarmupSettings, workdir: str, key: str, log=print):
+  """`state` with the warmed-up critic: restored from `workdir` when this key was trained there
+  before, else trained (progress logged every ~10%) and saved."""
+  field = critic_adapter.trained_field(state)
+  directory = os.path.join(workdir, DIRECTORY, key)
+  checkpointer = checkpointing.Checkpointer(directory, keep=1)
+  try:
+    restored = checkpointer.restore_newest_intact(getattr(state, field), log=log)
+    if restored is not None and restored[0] == settings.pairs:
+      log(f'critic warm-up: restored {restored[0]} pairs from {directory}')
+      return dataclasses.replace(state, **{field: restored[1]})
+    total, start = settings.pairs, time.time()
+    log(f'critic warm-up: {total} pairs of exact prefix values, curriculum '
+        f'{list(settings.curriculum)} (cut_lines, pairs), lr {settings.learning_rate:g}, '
+        f'training the {"adapter" if field != "params" else "shared weights"}')
+    every, logged = max(1, total // 10), [0]
+
+    def progress(_, done):
+      if done // every > logged[0] or done == total:
+        logged[0] = done // every
+        elapsed = time.time() - start
+        log(f'critic warm-up: {done}/{total} pairs ({elapsed:.0f}s, ETA '
+            f'{elapsed * (total - done) / max(done, 1):.0f}s)')
+
+    state = train(rt, state, settings, on_pairs=progress)
+    checkpointer.save(total, getattr(state, field), {'key': key, 'pairs': total})
+    return state
+  finally:
+    checkpointer.close()
+

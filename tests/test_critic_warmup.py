@@ -1,0 +1,67 @@
+"""The critic warm-up (ac2_jax/train/critic_warmup.py): its curriculum, its targets, its cache."""
+
+import jax
+import numpy as np
+import pytest
+
+from ac2_jax.learner import critic_adapter
+from ac2_jax.train import critic_warmup, experiment
+from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
+
+
+def test_curriculum_parses_and_refuses_malformed_stages():
+  assert critic_warmup.parse_curriculum('1:12000, 2:6000,0:100') == ((1, 12000), (2, 6000),
+                                                                      (0, 100))
+  assert critic_warmup.parse_curriculum('') == ()
+  with pytest.raises(ValueError, match='cut_lines:pairs'):
+    critic_warmup.parse_curriculum('1-12000')
+  with pytest.raises(ValueError, match='pairs >= 1'):
+    critic_warmup.WarmupSettings(curriculum=((1, 0),))
+  assert critic_warmup.WarmupSettings(curriculum=((1, 64), (0, 32))).pairs == 96
+
+
+def test_config_refuses_a_warmup_without_a_prompt_critic(train_base):
+  c = tiny_config(train_base, 'grpo', **{'critic.warmup': '1:64'})
+  with pytest.raises(experiment.ConfigError, match='critic.warmup'):
+    experiment.validate(c)
+  c = tiny_config(train_base, 'ac2', **{'critic.warmup': '1:x'})
+  with pytest.raises(experiment.ConfigError, match='config.critic: .*cut_lines:pairs'):
+    experiment.validate(c)
+
+
+def test_targets_after_one_line_by_hand_and_the_cache(train_base, compile_cache, tmp_path):
+  c = tiny_config(train_base, 'ac2', **{'critic.adapter_rank': 4})
+  rt, _, state = experiment.build(c, str(tmp_path / 'plain'), log=lambda *_: None)
+  # Local scoring, K steps, each unwritten step right with q = 1 - m: a prefix of one line is
+  # worth (6 (c + q (K - 1)) / K + [line right] q^(K-1)) / 7 for c = 1 if its line is right.
+  k, q = rt.task.settings.steps, 0.5
+  seen = set()
+  stream = critic_warmup.exact_prefixes(rt, 'train', seed=0, cut_lines=1, mistake_rate=1 - q)
+  for p in [next(stream) for _ in range(24)]:
+    written, credited = p.lines
+    assert written == 1
+    by_hand = (6 * (credited + q * (k - 1)) / k + credited * q ** (k - 1)) / 7
+    assert p.value == pytest.approx(by_hand)
+    seen.add(credited)
+  assert seen == {0, 1}  # both cases were checked
+
+  c.critic.warmup = '1:16,0:16'
+  c.critic.warmup_pairs_per_update = 8
+  logs = []
+  _, _, warm = experiment.build(c, str(tmp_path / 'warm'), log=logs.append)
+  assert any('critic warm-up: 32/32 pairs' in line for line in logs)
+  # The update trained the adapter alone: the policy's weights are the warm start's.
+  assert isinstance(warm, critic_adapter.AdapterState)
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(warm.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(jax.tree.leaves(state.critic_adapter),
+                           jax.tree.leaves(warm.critic_adapter))]
+  assert max(moved) > 0
+  # A second build finds the warm-up in the workdir and restores it instead of training.
+  logs.clear()
+  _, _, again = experiment.build(c, str(tmp_path / 'warm'), log=logs.append)
+  assert any('restored 32 pairs' in line for line in logs)
+  assert not any('32/32 pairs' in line for line in logs)
+  for a, b in zip(jax.tree.leaves(warm.critic_adapter), jax.tree.leaves(again.critic_adapter)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
