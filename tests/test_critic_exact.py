@@ -73,10 +73,20 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
   # A curriculum: held out at the last stage's cut, and at each earlier stage's cut beside it.
   staged = dataclasses.replace(settings, curriculum='1:16,0:16')
   _, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)  # the update donated it
-  curve = critic_exact.run(rt, state, staged, log=lambda *_: None)
+  logs = []
+  curve = critic_exact.run(rt, state, staged, log=lambda *_: None,
+                           on_trained=critic_exact.keep_as_warmup(c, str(tmp_path), rt, staged,
+                                                                  log=logs.append))
   assert [e['pairs'] for e in curve] == [0, 16, 32]
   assert set(curve[-1]['by_cut']) == {'1'}
   assert curve[-1]['by_cut']['1']['value_spread'] > 0
+  # Kept as the warm-up of the matching config: a run with it restores instead of training.
+  assert any('kept as the warm-up' in line for line in logs)
+  c.critic.warmup, c.critic.warmup_pairs_per_update = '1:16,0:16', 16
+  c.critic.warmup_learning_rate, c.critic.warmup_mistake_rate = 1e-3, 0.3
+  logs.clear()
+  experiment.build(c, str(tmp_path), log=logs.append)
+  assert any('critic warm-up: restored 32 pairs' in line for line in logs)
 
 
 def test_ridge_reads_recover_a_linear_map():

@@ -152,7 +152,8 @@ def ridge_reads(x_train_NxE, y_train_N, x_NxE, penalty: float = 1.0) -> np.ndarr
   return (x_NxE - mean_E) @ w_E + y_mean
 
 
-def run(rt, state, settings: ExactSettings, *, log=print, on_report=None) -> list[dict]:
+def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_trained=None
+        ) -> list[dict]:
   """Trains the critic alone on exact-valued corpus prefixes (`critic_warmup.train`: the stages of
   `settings.stages()`); evaluates on held-out problems, cut as the last stage cuts (the baselines'
   figures too) and as each earlier stage cuts (`by_cut`: the critic's figures alone)."""
@@ -204,10 +205,42 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None) -> lis
   state = critic_warmup.train(rt, state, warmup, labels=settings.labels, on_pairs=on_pairs)
   if curve[-1]['pairs'] != warmup.pairs:
     report(state, warmup.pairs)
+  if on_trained is not None:
+    on_trained(state)
   return curve
 
 
+def keep_as_warmup(config, workdir: str, rt, settings: ExactSettings, log=print):
+  """`on_trained` that saves a curriculum's critic where a run of `config` with the same
+  critic.warmup* finds its warm-up (train/critic_warmup.py), so a probe or a run reuses it."""
+  from ac2_jax.train import experiment
+
+  def keep(state):
+    if config.critic.warmup or not settings.curriculum or settings.labels != 'value':
+      return  # the run's own warm-up trained further, a single stage, or a control's labels
+    c = config.copy_and_resolve_references()
+    c.critic.warmup = settings.curriculum
+    c.critic.warmup_learning_rate = settings.learning_rate
+    c.critic.warmup_pairs_per_update = settings.pairs_per_update
+    c.critic.warmup_mistake_rate = settings.mistake_rate
+    warmup = experiment.critic_warmup_settings(c)
+    if warmup != settings.warmup():
+      log(f'not kept as a warm-up: a run with critic.warmup={settings.curriculum!r} would train '
+          f'{warmup}, this trained {settings.warmup()}')
+      return
+    checkpoint = experiment.initial_checkpoint(c, workdir, rt.task, rt.tokenizer, log=log)
+    key = experiment.critic_warmup_key(c, checkpoint)
+    critic_warmup.save(state, workdir, key, warmup)
+    log(f'kept as the warm-up of --config.critic.warmup={settings.curriculum} '
+        f'--config.critic.warmup_learning_rate={settings.learning_rate:g} '
+        f'--config.critic.warmup_pairs_per_update={settings.pairs_per_update} '
+        f'--config.critic.warmup_mistake_rate={settings.mistake_rate:g}: '
+        f'{critic_warmup.directory(workdir, key)}')
+  return keep
+
+
 def main(argv: Sequence[str]) -> None:
-  args, _, settings, rt, state = probe.build_from_args(
+  args, config, settings, rt, state = probe.build_from_args(
       'bench.py critic_exact', __doc__, ExactSettings, 'task.builtin_scoring=leading', argv)
-  run(rt, state, settings, on_report=probe.curve_writer(args, settings))
+  run(rt, state, settings, on_report=probe.curve_writer(args, settings),
+      on_trained=keep_as_warmup(config, args.workdir, rt, settings))

@@ -181,29 +181,48 @@ def warm_up(rt, state, settings: WarmupSettings, workdir: str, key: str, log=pri
   """`state` with the warmed-up critic: restored from `workdir` when this key was trained there
   before, else trained (progress logged every ~10%) and saved."""
   field = critic_adapter.trained_field(state)
-  directory = os.path.join(workdir, DIRECTORY, key)
-  checkpointer = checkpointing.Checkpointer(directory, keep=1)
+  restored = restore(state, workdir, key, log=log)
+  if restored is not None:
+    log(f'critic warm-up: restored {settings.pairs} pairs from {directory(workdir, key)}')
+    return restored
+  total, start = settings.pairs, time.time()
+  log(f'critic warm-up: {total} pairs of exact prefix values, curriculum '
+      f'{list(settings.curriculum)} (cut_lines, pairs), lr {settings.learning_rate:g}, '
+      f'training the {"adapter" if field != "params" else "shared weights"}')
+  every, logged = max(1, total // 10), [0]
+
+  def progress(_, done):
+    if done // every > logged[0] or done == total:
+      logged[0] = done // every
+      elapsed = time.time() - start
+      log(f'critic warm-up: {done}/{total} pairs ({elapsed:.0f}s, ETA '
+          f'{elapsed * (total - done) / max(done, 1):.0f}s)')
+
+  state = train(rt, state, settings, on_pairs=progress)
+  save(state, workdir, key, settings)
+  return state
+
+
+def directory(workdir: str, key: str) -> str:
+  return os.path.join(workdir, DIRECTORY, key)
+
+
+def save(state, workdir: str, key: str, settings: WarmupSettings) -> None:
+  """Writes the critic's trained field (the adapter, or the shared weights) under `key`."""
+  checkpointer = checkpointing.Checkpointer(directory(workdir, key), keep=1)
   try:
-    restored = checkpointer.restore_newest_intact(getattr(state, field), log=log)
-    if restored is not None and restored[0] == settings.pairs:
-      log(f'critic warm-up: restored {restored[0]} pairs from {directory}')
-      return dataclasses.replace(state, **{field: restored[1]})
-    total, start = settings.pairs, time.time()
-    log(f'critic warm-up: {total} pairs of exact prefix values, curriculum '
-        f'{list(settings.curriculum)} (cut_lines, pairs), lr {settings.learning_rate:g}, '
-        f'training the {"adapter" if field != "params" else "shared weights"}')
-    every, logged = max(1, total // 10), [0]
-
-    def progress(_, done):
-      if done // every > logged[0] or done == total:
-        logged[0] = done // every
-        elapsed = time.time() - start
-        log(f'critic warm-up: {done}/{total} pairs ({elapsed:.0f}s, ETA '
-            f'{elapsed * (total - done) / max(done, 1):.0f}s)')
-
-    state = train(rt, state, settings, on_pairs=progress)
-    checkpointer.save(total, getattr(state, field), {'key': key, 'pairs': total})
-    return state
+    checkpointer.save(settings.pairs, getattr(state, critic_adapter.trained_field(state)),
+                      {'key': key, 'settings': dataclasses.asdict(settings)})
   finally:
     checkpointer.close()
 
+
+def restore(state, workdir: str, key: str, log=print):
+  """`state` with the critic saved under `key`, or None when there is none."""
+  field = critic_adapter.trained_field(state)
+  checkpointer = checkpointing.Checkpointer(directory(workdir, key), keep=1)
+  try:
+    restored = checkpointer.restore_newest_intact(getattr(state, field), log=log)
+  finally:
+    checkpointer.close()
+  return None if restored is None else dataclasses.replace(state, **{field: restored[1]})

@@ -118,6 +118,12 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
                          critic_examples=critic_examples, clean_examples=clean_examples, log=log)
 
 
+def critic_warmup_key(c: ml_collections.ConfigDict, checkpoint: str) -> str:
+  """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`."""
+  return critic_warmup.cache_key(critic_warmup_settings(c), checkpoint, json.dumps(
+      [c.task.to_dict(), c.critic.to_dict(), c.model.to_dict()], sort_keys=True, default=str))
+
+
 def _policy_loss(s: Settings) -> dict:
   """The UpdateSettings fields of the actor loss: DIS with the algorithm's band, or PPO's clip."""
   dis = s.pact or s.lisao or s.li2sao
@@ -187,9 +193,8 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
   warmup = critic_warmup_settings(c)
   if warmup is not None:
-    key = critic_warmup.cache_key(warmup, checkpoint, json.dumps(
-        [c.task.to_dict(), c.critic.to_dict(), c.model.to_dict()], sort_keys=True, default=str))
-    state = critic_warmup.warm_up(rt, state, warmup, workdir, key, log=log)
+    state = critic_warmup.warm_up(rt, state, warmup, workdir, critic_warmup_key(c, checkpoint),
+                                  log=log)
 
   if c.algorithm == 'grpo':
     algorithm = grpo_lib.GRPO(rt, s.grpo, s.controller, c.seed)
