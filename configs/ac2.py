@@ -88,13 +88,19 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       weights (critic.adapter_rank), so its update leaves the actor alone
   revocable           a failed audit makes its problem unready again
                       (controller.readiness_revocable; the spec keeps ready problems forever)
+  warmup              before RL the critic learns exact prefix values of the warm-start corpus,
+                      cut after 1, 2, 4 lines, then anywhere (critic.warmup, train/critic_warmup.py;
+                      at 1e-3 through the adapter, 3e-4 on the shared weights: the rates at which
+                      the chain's critic learned its line check, BENCHMARKS.md "Session 17-18")
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
-            'no_local_readiness', 'no_reference', 'adapter', 'revocable')
+            'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup')
 ADAPTER_RANK = 16
+WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
+WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
 
 
 def apply_variant(c, name: str):
@@ -118,6 +124,8 @@ def apply_variant(c, name: str):
     c.critic.adapter_rank = ADAPTER_RANK
   elif name == 'revocable':
     c.controller.readiness_revocable = True
+  elif name == 'warmup':
+    c.critic.warmup = WARMUP_CURRICULUM
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 
@@ -131,4 +139,6 @@ def get_config(arg: str = ''):
   for part in parts:
     if part not in defaults.SHARED_ARGUMENTS:
       apply_variant(c, part)
+  if c.critic.warmup and c.critic.adapter_rank:
+    c.critic.warmup_learning_rate = WARMUP_ADAPTER_LR  # whatever the variants' order
   return c

@@ -6,7 +6,7 @@ import pytest
 
 from ac2_jax.learner import critic_adapter
 from ac2_jax.train import critic_warmup, experiment
-from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
+from train_fixtures import compile_cache, load_config, tiny_config, train_base  # noqa: F401
 
 
 def test_curriculum_parses_and_refuses_malformed_stages():
@@ -65,3 +65,12 @@ def test_targets_after_one_line_by_hand_and_the_cache(train_base, compile_cache,
   assert not any('32/32 pairs' in line for line in logs)
   for a, b in zip(jax.tree.leaves(warm.critic_adapter), jax.tree.leaves(again.critic_adapter)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_warmup_variant_takes_the_adapter_rate_in_either_order():
+  for arg in ('bench,adapter,warmup', 'warmup,adapter'):
+    c = load_config('ac2', arg)
+    assert c.critic.warmup and c.critic.warmup_learning_rate == 1e-3
+  c = load_config('ac2', 'warmup')
+  assert c.critic.warmup and c.critic.warmup_learning_rate == 3e-4
+  assert critic_warmup.parse_curriculum(c.critic.warmup)[-1][0] == 0  # ends on every cut
