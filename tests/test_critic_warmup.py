@@ -63,7 +63,8 @@ def test_targets_after_one_line_by_hand_and_the_cache(train_base, compile_cache,
   _, _, again = experiment.build(c, str(tmp_path / 'warm'), log=logs.append)
   assert any('restored 32 pairs' in line for line in logs)
   assert not any('32/32 pairs' in line for line in logs)
-  for a, b in zip(jax.tree.leaves(warm.critic_adapter), jax.tree.leaves(again.critic_adapter)):
+  for a, b in zip(jax.tree.leaves((warm.critic_adapter, warm.critic_opt_state)),
+                  jax.tree.leaves((again.critic_adapter, again.critic_opt_state))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

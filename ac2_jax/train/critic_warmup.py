@@ -207,11 +207,18 @@ def directory(workdir: str, key: str) -> str:
   return os.path.join(workdir, DIRECTORY, key)
 
 
+def _critic_of(state) -> dict:
+  """What the warm-up changes: the critic's trained field and its Adam moments (kept too, so that a
+  run restoring the warm-up starts RL exactly as the run that trained it did)."""
+  return {'trained': getattr(state, critic_adapter.trained_field(state)),
+          'critic_opt_state': state.critic_opt_state}
+
+
 def save(state, workdir: str, key: str, settings: WarmupSettings) -> None:
-  """Writes the critic's trained field (the adapter, or the shared weights) under `key`."""
+  """Writes the critic (the adapter or the shared weights, and its optimizer state) under `key`."""
   checkpointer = checkpointing.Checkpointer(directory(workdir, key), keep=1)
   try:
-    checkpointer.save(settings.pairs, getattr(state, critic_adapter.trained_field(state)),
+    checkpointer.save(settings.pairs, _critic_of(state),
                       {'key': key, 'settings': dataclasses.asdict(settings)})
   finally:
     checkpointer.close()
@@ -219,10 +226,13 @@ def save(state, workdir: str, key: str, settings: WarmupSettings) -> None:
 
 def restore(state, workdir: str, key: str, log=print):
   """`state` with the critic saved under `key`, or None when there is none."""
-  field = critic_adapter.trained_field(state)
   checkpointer = checkpointing.Checkpointer(directory(workdir, key), keep=1)
   try:
-    restored = checkpointer.restore_newest_intact(getattr(state, field), log=log)
+    restored = checkpointer.restore_newest_intact(_critic_of(state), log=log)
   finally:
     checkpointer.close()
-  return None if restored is None else dataclasses.replace(state, **{field: restored[1]})
+  if restored is None:
+    return None
+  critic = restored[1]
+  return dataclasses.replace(state, critic_opt_state=critic['critic_opt_state'],
+                             **{critic_adapter.trained_field(state): critic['trained']})
