@@ -18,8 +18,8 @@ AC2 items 5-6): `critic_error` is 0.12 where the audited error is 0.22 (BENCHMAR
 does").
 With `warmup` (session 18, seed 0, a warm start of 0.46 on that machine) the critic first learns exact
 corpus values for 33,000 pairs: it then reads a first line at corr 0.95, 1-4 lines at 0.23, the policy's own
-prefixes not at all (0.08); AC2 went 0.46 -> 0.94, ready from step 5, against Prefix GRPO's 0.97 on the same
-FLOPs (BENCHMARKS.md, "Session 18").
+prefixes not at all (0.08); AC2 went 0.46 -> 0.94 (0.93 without the warm-up), ready from step 5, against
+Prefix GRPO's 0.97 on the same FLOPs (BENCHMARKS.md, "Session 18").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
 warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at
