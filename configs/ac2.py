@@ -95,7 +95,7 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   warmup              before RL the critic learns exact prefix values of the warm-start corpus,
                       cut after 1, 2, 4 lines, then anywhere (critic.warmup, train/critic_warmup.py;
                       at 1e-3 through the adapter, 3e-4 on the shared weights: the rates at which
-                      the chain's critic learned its line check, BENCHMARKS.md "Session 17-18")
+                      the chain's critic learned its line check, BENCHMARKS.md "Session 17", "Session 18")
 """
 
 from ac2_jax.train import defaults
