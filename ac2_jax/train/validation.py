@@ -482,7 +482,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   if c.critic.adapter_rank and c.algorithm != 'ac2':
     raise ConfigError(f'config.critic.adapter_rank={c.critic.adapter_rank} adapts the prompt '
                       f'critic of algorithm ac2; algorithm {c.algorithm!r} has none (set 0)')
-  warmup = critic_warmup_settings(c)
+  critic_warmup_settings(c)  # its refusals, before anything is written
   if not (isinstance(c.sampling.max_batch, int) and c.sampling.max_batch >= 1):
     raise ConfigError(f'config.sampling.max_batch must be an integer >= 1, '
                       f'got {c.sampling.max_batch!r}')
