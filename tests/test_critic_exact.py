@@ -83,7 +83,9 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
   # Kept as the warm-up of the matching config: a run with it restores instead of training.
   assert any('kept as the warm-up' in line for line in logs)
   c.critic.warmup, c.critic.warmup_pairs_per_update = '1:16,0:16', 16
-  c.critic.warmup_learning_rate, c.critic.warmup_mistake_rate = 1e-3, 0.3
+  # The corpus's rate as the SFT's (-1: sft.step_mistake_rate) is the same warm-up as 0.3 spelt out.
+  c.sft.step_mistake_rate = 0.3
+  c.critic.warmup_learning_rate, c.critic.warmup_mistake_rate = 1e-3, -1.0
   logs.clear()
   experiment.build(c, str(tmp_path), log=logs.append)
   assert any('critic warm-up: restored 32 pairs' in line for line in logs)

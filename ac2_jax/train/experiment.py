@@ -119,9 +119,11 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
 
 
 def critic_warmup_key(c: ml_collections.ConfigDict, checkpoint: str) -> str:
-  """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`."""
+  """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`: its resolved
+  settings, the task (prompts, data), the model, and the critic keys its update reads."""
+  critic = {k: c.critic[k] for k in ('adapter_rank', 'max_context', 'grad_clip')}
   return critic_warmup.cache_key(critic_warmup_settings(c), checkpoint, json.dumps(
-      [c.task.to_dict(), c.critic.to_dict(), c.model.to_dict()], sort_keys=True, default=str))
+      [c.task.to_dict(), critic, c.model.to_dict()], sort_keys=True, default=str))
 
 
 def _policy_loss(s: Settings) -> dict:
