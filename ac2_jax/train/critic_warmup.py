@@ -18,7 +18,8 @@ and update (`rt.critic_step`), so the warm-up trains what the run's critic updat
 adapter (`critic.adapter_rank`), or the shared weights (then the policy moves too).
 
 The result is cached in the workdir under a key of everything that shapes it, written as an orbax
-checkpoint of the trained field; a rerun or a resumed run restores it instead of training again.
+checkpoint of the trained field and the critic's Adam moments; a rerun or a resumed run restores it
+instead of training again, and starts RL exactly as the run that trained it did.
 """
 
 from __future__ import annotations
