@@ -103,6 +103,9 @@ def test_targets_need_enough_valid_values_and_feed_the_critic_buffer():
   assert outcome.errors_R[by_problem['p1']] == pytest.approx(0.1)
   assert outcome.stats.num_targets == 2 and outcome.stats.num_pairs_added == 2
   assert len(c.critic_buffer) == 2
+  # The pairs keep the unrounded means beside the targets (two-hot critic targets spread them).
+  assert sorted((p.target, p.value) for p in c.critic_buffer.pairs) == [
+      (0.5, pytest.approx(0.55)), (0.6, pytest.approx(0.6))]
   assert all(np.isnan(outcome.targets_R[i]) for i, r in enumerate(plan.requests)
              if r.kind == RequestKind.REFILL)
 

@@ -43,7 +43,7 @@ def _signature(plan, outcome, eps_high, lr, batch):
   requests = [(r.kind.value, r.problem_id, r.slot, r.source_trajectory_id, r.cut,
                r.num_continuations, r.max_new_tokens, r.prefix_tokens_P.tolist())
               for r in plan.requests]
-  records = [(r.problem_id, r.target,
+  records = [(r.problem_id, r.target, r.value,
               None if r.reference is None else np.asarray(r.reference).tolist(), r.weight,
               r.prefix_tokens_P.tolist()) for r in batch.records]
   return (requests, np.nan_to_num(outcome.targets_R, nan=-1).tolist(),

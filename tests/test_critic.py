@@ -40,6 +40,21 @@ def test_round_to_grid_hand_numbers_and_ties_down():
     critic.round_to_grid(float('nan'))
 
 
+def test_two_hot_hand_numbers_and_its_mean_is_the_target():
+  cases = {0.44: (0.4, 0.5, 0.4), 0.4: (0.4, 0.4, 0.0), 0.95: (0.9, 1.0, 0.5), 1.0: (1.0, 1.0, 0.0),
+           0.0: (0.0, 0.0, 0.0), 0.03: (0.0, 0.1, 0.3), -0.2: (0.0, 0.0, 0.0), 1.3: (1.0, 1.0, 0.0),
+           0.3999999: (0.4, 0.4, 0.0)}  # the last: a group mean on the grid up to float error
+  for x, (low, high, w) in cases.items():
+    got = critic.two_hot(x)
+    assert got[:2] == (low, high) and got[2] == pytest.approx(w, abs=1e-6), x
+  for x in np.linspace(0, 1, 97):
+    low, high, w = critic.two_hot(x)
+    assert 0 <= w < 1 and high - low in (0.0, pytest.approx(0.1))
+    assert (1 - w) * low + w * high == pytest.approx(x, abs=2e-5)
+  with pytest.raises(ValueError, match='finite'):
+    critic.two_hot(float('inf'))
+
+
 def test_parse_value():
   cases = {'0.7': 0.7, ' .7 and more': 0.7, '1.00': 1.0, '0': 0.0, '1': 1.0, '0.50<|im_end|>': 0.5,
            '\n0.3': 0.3, '0.25': None, '0.333': None, 'Q value: 0.7': None, '': None, 'abc': None,

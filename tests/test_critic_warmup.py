@@ -1,10 +1,13 @@
 """The critic warm-up (ac2_jax/train/critic_warmup.py): its curriculum, its targets, its cache."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from ac2_jax.learner import critic_adapter
+from ac2_jax.learner import rows
 from ac2_jax.train import critic_warmup, experiment
 from train_fixtures import compile_cache, load_config, tiny_config, train_base  # noqa: F401
 
@@ -75,3 +78,31 @@ def test_the_warmup_variant_takes_the_adapter_rate_in_either_order():
   c = load_config('ac2', 'warmup')
   assert c.critic.warmup and c.critic.warmup_learning_rate == 3e-4
   assert critic_warmup.parse_curriculum(c.critic.warmup)[-1][0] == 0  # ends on every cut
+
+
+def test_two_hot_targets_teach_the_critic_a_value_between_grid_points(train_base, compile_cache,
+                                                                      tmp_path):
+  """Trained on one prefix valued 0.44, the critic's expectation read lands on 0.44 with two-hot
+  targets and on the rounded 0.4 with the paper's; the config refuses two-hot with greedy reads."""
+  c = tiny_config(train_base, 'ac2', **{'critic.target': 'two_hot', 'critic.readout': 'greedy'})
+  with pytest.raises(experiment.ConfigError, match='critic.readout=expectation'):
+    experiment.validate(c)
+  c.critic.readout = 'expectation'
+  rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  prompt = rt.train_prompts[0]
+  context = rt.critic_context(prompt, np.zeros(0, np.int32), None)
+  record = critic_warmup._Record(target=0.4, value=0.44)
+  batch = rows.critic_records_batch(rt, [context], [record])
+  assert int(batch[0].upper_token_B[0]) == rt.tokenizer.token_id('0.5')
+  assert float(batch[0].upper_weight_B[0]) == pytest.approx(0.4, abs=1e-6)
+  reads = {}
+  for target in ('two_hot', 'rounded'):
+    run = dataclasses.replace(rt, critic_target=target)
+    trained = jax.tree.map(lambda x: x.copy(), state)  # the critic step donates its state
+    for _ in range(40):
+      trained, _ = run.critic_step(trained, rows.critic_records_batch(run, [context], [record]),
+                                   np.float32(1e-2))
+    reads[target] = rows.expected_critic_reads(run, run.critic_params(trained), [prompt],
+                                               [np.zeros(0, np.int32)], [None])[0]
+  assert reads['two_hot'] == pytest.approx(0.44, abs=0.01)
+  assert reads['rounded'] == pytest.approx(0.40, abs=0.01)

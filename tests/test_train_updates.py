@@ -179,6 +179,33 @@ def test_critic_loss_on_its_target_window_equals_the_loss_over_every_position(ti
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
 
 
+def test_two_hot_critic_loss_by_hand():
+  """A two-hot record's loss: w/4 of -[(1 - u) log p(lower) + u log p(upper) + log p(end | lower)],
+  with p from the model's next-token distribution; u = 0 is the rounded record's loss."""
+  rng = np.random.default_rng(7)
+  contexts = [rng.integers(1, CONFIG.vocab_size, n).astype(np.int32) for n in (6, 11)]
+  lower, end, upper = 5, 9, 6
+  batch = _critic_batch(contexts, [np.array([lower, end], np.int32)] * 2, [1.0, 0.5], 16)
+  two_hot = batch.replace(upper_token_B=jnp.array([upper, upper], jnp.int32),
+                          upper_weight_B=jnp.array([0.3, 0.0], jnp.float32))
+  params = models.init_params(CONFIG, jax.random.key(4))
+  state = state_lib.init_state(params, _settings().optim)
+  loss_sum, records, _ = updates.critic_grads(_settings(), state, two_hot)
+  logits = models.forward(CONFIG, params, batch.tokens_BxT)[0]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  by_hand = 0.0
+  for b, (n, w, u) in enumerate(zip((6, 11), (1.0, 0.5), (0.3, 0.0))):
+    value = (1 - u) * logp[b, n - 1, lower] + u * logp[b, n - 1, upper]
+    by_hand += w * -(value + logp[b, n, end]) / critic_loss.MAX_VALUE_TOKENS
+  assert float(records) == 2.0
+  np.testing.assert_allclose(loss_sum, by_hand, rtol=1e-5)
+  # With no weight on the upper token the loss is the rounded (plain) record's.
+  plain_sum, _, _ = updates.critic_grads(_settings(), state, batch)
+  no_upper = two_hot.replace(upper_weight_B=jnp.zeros(2, jnp.float32))
+  np.testing.assert_allclose(updates.critic_grads(_settings(), state, no_upper)[0], plain_sum,
+                             rtol=1e-6)
+
+
 def test_critic_step_over_length_groups_equals_one_padded_batch():
   """Records split into a short and a long batch, each padded to its own length: the same loss,
   records and update as all of them padded to the longest."""

@@ -82,6 +82,7 @@ class _Record:
   reference: str | None
   target: float
   weight: float
+  value: float | None = None  # the unrounded label (two-hot targets spread it)
 
 
 def position_of(cut: int, reasoning_len: int) -> str:
@@ -220,11 +221,12 @@ def records_for(rt, prefixes: Sequence[ProbePrefix], use_reference: bool = True)
   out = []
   for p in prefixes:
     r = rt.train_records[p.problem_index]
+    value = float(p.rewards_G.mean())
     if use_reference:
-      out.append(_Record(r.id, p.prefix_P, r.reference_solution, p.label, 0.5))
-      out.append(_Record(r.id, p.prefix_P, None, p.label, 0.5))
+      out.append(_Record(r.id, p.prefix_P, r.reference_solution, p.label, 0.5, value))
+      out.append(_Record(r.id, p.prefix_P, None, p.label, 0.5, value))
     else:
-      out.append(_Record(r.id, p.prefix_P, None, p.label, 1.0))
+      out.append(_Record(r.id, p.prefix_P, None, p.label, 1.0, value))
   return out
 
 

@@ -30,6 +30,7 @@ class CriticPair:
   cut: int
   target: float
   step: int
+  value: float | None = None  # the unrounded group mean (two-hot targets spread it); None: target
 
   @property
   def prefix_tokens_P(self) -> np.ndarray:
@@ -48,6 +49,7 @@ class CriticRecord:
   reference: Any              # None: the plain prompt
   weight: float               # 1 for a lone plain record, 1/2 for each of a with/without pair
   source_trajectory_id: int   # -1 for an empty cold-start prefix
+  value: float | None = None  # the unrounded target (two-hot targets spread it); None: target
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -71,13 +73,13 @@ def _fits(record: CriticRecord, limit: ContextLimit) -> bool:
 
 
 def records_of(prefix_tokens_P: np.ndarray, problem_id: Hashable, target: float, reference: Any,
-               source: int) -> list[CriticRecord]:
+               source: int, value: float | None = None) -> list[CriticRecord]:
   """A prefix-target example's records: with and without its reference at weight 1/2 each, or the
   plain prompt alone at weight 1 (AC2 item 9)."""
   if reference is None:
-    return [CriticRecord(prefix_tokens_P, problem_id, target, None, 1.0, source)]
-  return [CriticRecord(prefix_tokens_P, problem_id, target, reference, 0.5, source),
-          CriticRecord(prefix_tokens_P, problem_id, target, None, 0.5, source)]
+    return [CriticRecord(prefix_tokens_P, problem_id, target, None, 1.0, source, value)]
+  return [CriticRecord(prefix_tokens_P, problem_id, target, reference, 0.5, source, value),
+          CriticRecord(prefix_tokens_P, problem_id, target, None, 0.5, source, value)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,7 @@ def chunk_end_records(rng: np.random.Generator, chunk_ends: list[ChunkEnd], max_
   the grid-rounded reward as the target (those whose context does not fit are skipped)."""
   return _draw(rng, chunk_ends, max_pairs, lambda end: records_of(
       end.prefix_tokens_P, problem_id_for(end.problem), group_target([end.reward], 1),
-      reference_for(end.problem), -1), context_limit)
+      reference_for(end.problem), -1, end.reward), context_limit)
 
 
 def _draw(rng: np.random.Generator, items, max_pairs: int,
@@ -148,6 +150,6 @@ class CriticBuffer:
     def records_for(pair: CriticPair) -> list[CriticRecord]:
       source = -1 if pair.source is None else pair.source.trajectory_id
       return records_of(pair.prefix_tokens_P, problem_id_for(pair.problem), pair.target,
-                        reference_for(pair), source)
+                        reference_for(pair), source, pair.value)
 
     return _draw(rng, self.pairs, max_pairs, records_for, context_limit)

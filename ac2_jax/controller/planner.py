@@ -34,7 +34,8 @@ from ac2_jax.controller.settings import ControllerSettings
 from ac2_jax.controller.steps import (Continuation, GenerationRequest, RequestKind, RequestResult,
                                       StepOutcome, StepPlan, StepStats, ValueSource, check_result,
                                       passes)
-from ac2_jax.controller.targets import group_target
+from ac2_jax.controller.targets import group_mean
+from ac2_jax.critic.values import round_to_grid
 
 _EMPTY = np.zeros((0,), np.int32)
 _EMPTY.flags.writeable = False
@@ -214,9 +215,10 @@ class Controller:
       if single and prediction is None:
         dropped += 1
       values = [c.value for c in result.continuations]
-      target = group_target(values, 1 if single else s.min_valid_per_target)
-      if target is None:
+      mean = group_mean(values, 1 if single else s.min_valid_per_target)
+      if mean is None:
         continue
+      target = round_to_grid(mean)
       targets_R[i] = target
       errors_R[i] = 1.0 if prediction is None else abs(prediction - target)
       invalid_predictions += prediction is None
@@ -226,7 +228,7 @@ class Controller:
         counted_R[i] = True
       if not (single and prediction is None):
         source = trajectories_by_id.get(request.source_trajectory_id)  # None: empty by design
-        pairs.append(CriticPair(problem, source, request.cut, target, step))
+        pairs.append(CriticPair(problem, source, request.cut, target, step, mean))
 
     has_error = ~np.isnan(errors_R)
     self.readiness.record_step(np.array(error_problems, np.int64), errors_R[counted_R],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -123,11 +124,17 @@ def pack_pairs(pairs: Sequence[CriticPair]) -> dict:
       'cuts': pack_array(np.array([p.cut for p in pairs], np.int64)),
       'targets': pack_array(np.array([p.target for p in pairs], np.float64)),
       'steps': pack_array(np.array([p.step for p in pairs], np.int64)),
+      'values': pack_array(np.array([np.nan if p.value is None else p.value for p in pairs],
+                                    np.float64)),
   }
 
 
 def unpack_pairs(packed: dict, trajectories: dict[int, Trajectory]) -> list[CriticPair]:
   columns = [unpack_array(packed[k]).tolist()
              for k in ('problems', 'sources', 'cuts', 'targets', 'steps')]
-  return [CriticPair(problem, trajectories[source] if source >= 0 else None, cut, target, step)
-          for problem, source, cut, target, step in zip(*columns)]
+  # A state saved before pairs kept their unrounded means has none (NaN: None).
+  values = (unpack_array(packed['values']).tolist() if 'values' in packed
+            else [math.nan] * len(columns[0]))
+  return [CriticPair(problem, trajectories[source] if source >= 0 else None, cut, target, step,
+                     None if math.isnan(value) else value)
+          for problem, source, cut, target, step, value in zip(*columns, values)]

@@ -2,10 +2,11 @@
 
 from ac2_jax.critic.prompt import (CriticInstructions, PROOF_INSTRUCTIONS, critic_context_ids,
                                    value_target_ids)
-from ac2_jax.critic.values import (GRID, format_value, parse_value, round_to_grid,
-                                   round_to_grid_array)
+from ac2_jax.critic.values import (GRID, TARGETS, format_value, parse_value, round_to_grid,
+                                   round_to_grid_array, two_hot)
 
 __all__ = [
-    'CriticInstructions', 'GRID', 'PROOF_INSTRUCTIONS', 'critic_context_ids', 'format_value',
-    'parse_value', 'round_to_grid', 'round_to_grid_array', 'value_target_ids',
+    'CriticInstructions', 'GRID', 'PROOF_INSTRUCTIONS', 'TARGETS', 'critic_context_ids',
+    'format_value', 'parse_value', 'round_to_grid', 'round_to_grid_array', 'two_hot',
+    'value_target_ids',
 ]

@@ -45,6 +45,30 @@ def round_to_grid(x: float) -> float:
   return float(round_to_grid_array(np.float64(x)))
 
 
+# How a critic target becomes the value tokens it trains: 'rounded' (the paper, Table 4: the nearest
+# grid value, one token) | 'two_hot' (`two_hot`: the two grid values around it, weighted so that
+# their mean is the target; read with the 'expectation' readout, the critic can then answer any
+# value in [0, 1] rather than its cell's centre).
+TARGETS = ('rounded', 'two_hot')
+
+
+def two_hot(x: float) -> tuple[float, float, float]:
+  """(lower, upper, upper_weight): the neighbouring grid values of `x` (clamped to [0, 1]) and the
+  weight on the upper one, so that (1 - w) lower + w upper = x. On the grid: (x, x, 0).
+
+  0.44 -> (0.4, 0.5, 0.4); 0.4 -> (0.4, 0.4, 0.0); 1.0 -> (1.0, 1.0, 0.0).
+  """
+  x = float(x)
+  if not math.isfinite(x):
+    raise ValueError(f'two_hot: value must be finite, got {x!r}')
+  steps = min(max(x, 0.0), 1.0) * GRID_STEPS
+  low = math.floor(steps + TIE_TOLERANCE)
+  weight = steps - low
+  if weight <= TIE_TOLERANCE or low >= GRID_STEPS:
+    return GRID[min(low, GRID_STEPS)], GRID[min(low, GRID_STEPS)], 0.0
+  return GRID[low], GRID[low + 1], weight
+
+
 def is_on_grid(x: float) -> bool:
   steps = float(x) * GRID_STEPS
   return 0.0 <= float(x) <= 1.0 and abs(steps - round(steps)) < 1e-9

@@ -196,6 +196,8 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: S
   one bucket for all of them pads half the records by that much."""
   if not records:
     return None
+  if rt.critic_target == 'two_hot':
+    return _two_hot_batches(rt, contexts, records, length_groups)
   targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
   longest = max(len(t) for t in targets)
   if longest > critic_loss.MAX_VALUE_TOKENS:
@@ -203,16 +205,40 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: S
     # reply would lose its last tokens silently.
     raise ValueError(f'a critic target is {longest} tokens (value and end of turn); the critic '
                      f'loss takes at most {critic_loss.MAX_VALUE_TOKENS}')
-  order = sorted(range(len(records)), key=lambda i: len(contexts[i]) + len(targets[i]))
+  return tuple(_critic_batch(rt, [contexts[i] for i in group], [targets[i] for i in group],
+                             [records[i].weight for i in group])
+               for group in _length_groups(contexts, targets, length_groups))
+
+
+def _length_groups(contexts, targets, length_groups: int) -> list[list[int]]:
+  """Record indices sorted by length, cut into up to `length_groups` groups of equal rows."""
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]) + len(targets[i]))
   rows = -(-len(order) // max(1, length_groups))
   if rows < MIN_LENGTH_GROUP_ROWS:
     rows = len(order)  # too few to be worth a second compiled shape
-  return tuple(_critic_batch(rt, [contexts[i] for i in group], [targets[i] for i in group],
-                             [records[i].weight for i in group])
-               for group in (order[k:k + rows] for k in range(0, len(order), rows)))
+  return [order[k:k + rows] for k in range(0, len(order), rows)]
 
 
-def _critic_batch(rt: Runtime, contexts, targets, weights) -> updates.CriticBatch:
+def _two_hot_batches(rt: Runtime, contexts, records, length_groups: int):
+  """`critic_records_batch` with two-hot targets (`critic.two_hot` of each record's unrounded
+  `value`, else its `target`): the lower grid value's tokens, the upper one's token beside them."""
+  lower_ids, uppers = [], []
+  for rec in records:
+    value = getattr(rec, 'value', None)
+    lower, upper, weight = critic.two_hot(rec.target if value is None else value)
+    lower_ids.append(critic.value_target_ids(rt.tokenizer, lower))
+    upper_ids = critic.value_target_ids(rt.tokenizer, upper)
+    if len(lower_ids[-1]) != 2 or len(upper_ids) != 2:
+      raise ValueError(f'critic.target "two_hot" needs every grid value to be one token; '
+                       f'{critic.format_value(lower)!r} or {critic.format_value(upper)!r} is not '
+                       f'in this tokenizer')
+    uppers.append((upper_ids[0], weight))
+  return tuple(_critic_batch(rt, [contexts[i] for i in group], [lower_ids[i] for i in group],
+                             [records[i].weight for i in group], [uppers[i] for i in group])
+               for group in _length_groups(contexts, lower_ids, length_groups))
+
+
+def _critic_batch(rt: Runtime, contexts, targets, weights, uppers=None) -> updates.CriticBatch:
   T = sampling.train_bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
   B = bucket_rows(len(contexts), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
@@ -223,4 +249,10 @@ def _critic_batch(rt: Runtime, contexts, targets, weights) -> updates.CriticBatc
     tokens[b, len(s):len(s) + len(t)] = t
     mask[b, len(s):len(s) + len(t)] = 1.0
     weights_B[b] = w
-  return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B))
+  if uppers is None:
+    return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B))
+  upper_token_B = np.zeros((B,), np.int32)
+  upper_weight_B = np.zeros((B,), np.float32)
+  for b, (token, weight) in enumerate(uppers):
+    upper_token_B[b], upper_weight_B[b] = token, weight
+  return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B, upper_token_B, upper_weight_B))

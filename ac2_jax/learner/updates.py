@@ -67,10 +67,17 @@ class ActorBatch:
 
 @flax.struct.dataclass
 class CriticBatch:
-  """Critic records: critic prompt + value target tokens; `target_mask_BxT` marks the targets."""
+  """Critic records: critic prompt + value target tokens; `target_mask_BxT` marks the targets.
+
+  With two-hot targets (`critic.values.two_hot`) the first target token is the lower grid value
+  and `upper_token_B` the upper one, which takes `upper_weight_B` of that position's likelihood;
+  None: every target is its tokens alone (the paper's rounded targets).
+  """
   tokens_BxT: jax.Array
   target_mask_BxT: jax.Array
   weights_B: jax.Array
+  upper_token_B: jax.Array | None = None
+  upper_weight_B: jax.Array | None = None
 
 
 def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chunk: int = 0,
@@ -109,21 +116,32 @@ def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chun
 
 
 def window_logprobs(model_config, params, tokens_BxT, start_B, width: int, temperature,
-                    valid_vocab_size: int = 0):
+                    valid_vocab_size: int = 0, first_mix=None):
   """log pi(token t | tokens < t) for t in [start_B[b], start_B[b] + width) of each row: [B, width].
 
   Only those positions are projected onto the vocabulary, so a reply of a few tokens after a long
   context costs the head `width` positions instead of T (at a 150k vocabulary and a 50k-token
   critic prompt, the head over every position is about a tenth of the whole forward). Positions
   past the row's end repeat its last token; the caller's mask drops them.
+
+  `first_mix` = (tokens_B, weights_B): the first position's entry becomes
+  (1 - w) log pi(its token) + w log pi(tokens_B[b]), a two-token soft target's log-likelihood.
   """
   T = tokens_BxT.shape[1]
   hidden_BxTxE = models.forward(model_config, params, tokens_BxT, output='hidden')[0]
   targets_BxW = jnp.clip(start_B[:, None] + jnp.arange(width)[None, :], 1, T - 1)
   hidden_BxWxE = jnp.take_along_axis(hidden_BxTxE, (targets_BxW - 1)[..., None], axis=1)
   logits_BxWxV = models.head_logits(model_config, params, hidden_BxWxE)
-  return entropy.token_logprobs(logits_BxWxV, jnp.take_along_axis(tokens_BxT, targets_BxW, axis=1),
-                                temperature, valid_vocab_size)
+  logp_BxW = entropy.token_logprobs(logits_BxWxV,
+                                    jnp.take_along_axis(tokens_BxT, targets_BxW, axis=1),
+                                    temperature, valid_vocab_size)
+  if first_mix is None:
+    return logp_BxW
+  tokens_B, weights_B = first_mix
+  other_B = entropy.token_logprobs(logits_BxWxV[:, :1], tokens_B[:, None], temperature,
+                                   valid_vocab_size)[:, 0]
+  w_B = weights_B.astype(logp_BxW.dtype)
+  return logp_BxW.at[:, 0].set((1.0 - w_B) * logp_BxW[:, 0] + w_B * other_B)
 
 
 def target_window(target_mask_BxT, width: int):
@@ -220,8 +238,10 @@ def critic_grads(settings: UpdateSettings, state: state_lib.TrainState, batch: C
     # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
     # it learns the value tokens' likelihood over that support too.
     start_B, mask_BxW = target_window(mb.target_mask_BxT, critic_loss.MAX_VALUE_TOKENS)
+    mix = None if mb.upper_token_B is None else (mb.upper_token_B, mb.upper_weight_B)
     logp_BxW = window_logprobs(settings.model, params, mb.tokens_BxT, start_B,
-                               critic_loss.MAX_VALUE_TOKENS, 1.0, settings.valid_vocab_size)
+                               critic_loss.MAX_VALUE_TOKENS, 1.0, settings.valid_vocab_size,
+                               first_mix=mix)
     loss_sum, count = critic_loss.value_nll_loss(logp_BxW, mask_BxW, mb.weights_B)
     return loss_sum, (count, {})
 

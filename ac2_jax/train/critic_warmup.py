@@ -147,6 +147,7 @@ class _Record:
   """What `rows.critic_records_batch` reads from a critic-buffer record."""
   target: float
   weight: float = 1.0
+  value: float | None = None  # the unrounded target (two-hot targets spread it)
 
 
 def train(rt, state, settings: WarmupSettings, *, labels: str = 'value',
@@ -163,7 +164,7 @@ def train(rt, state, settings: WarmupSettings, *, labels: str = 'value',
     end = done + pairs
     while done < end:
       batch = [next(stream) for _ in range(min(settings.pairs_per_update, end - done))]
-      records = [_Record(critic_lib.round_to_grid(p.value)) for p in batch]
+      records = [_Record(critic_lib.round_to_grid(p.value), value=p.value) for p in batch]
       state, _ = rt.critic_step(state, rows.critic_records_batch(
           rt, [p.context for p in batch], records), lr)
       done += len(batch)

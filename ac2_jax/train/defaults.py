@@ -261,6 +261,11 @@ def base_config() -> ml_collections.ConfigDict:
   # little is the commonest label, its mean at least the mean label (measured with
   # `launch/bench.py critic`), and one forward costs less than a 4-token greedy decode.
   c.critic.readout = 'expectation'
+  # 'rounded' (the paper: a target is its nearest grid value's token) | 'two_hot' (the two grid
+  # values around it, weighted so that their mean is the target; critic/values.py): where values
+  # crowd inside one grid cell (the chain's 0.3-0.6), rounding leaves most prefixes the same token
+  # and the critic no gradient between them. Read it with readout 'expectation'.
+  c.critic.target = 'rounded'
   # 0: the paper's critic, whose update trains the policy's own weights. r > 0: the critic reads
   # and trains through a rank-r adapter W + A B (learner/critic_adapter.py), so its update no
   # longer moves the actor; a departure, for small policies whose weights have no room for both.

@@ -121,7 +121,7 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
 def critic_warmup_key(c: ml_collections.ConfigDict, checkpoint: str) -> str:
   """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`: its resolved
   settings, the task (prompts, data), the model, and the critic keys its update reads."""
-  critic = {k: c.critic[k] for k in ('adapter_rank', 'max_context', 'grad_clip')}
+  critic = {k: c.critic[k] for k in ('adapter_rank', 'max_context', 'grad_clip', 'target')}
   return critic_warmup.cache_key(critic_warmup_settings(c), checkpoint, json.dumps(
       [c.task.to_dict(), critic, c.model.to_dict()], sort_keys=True, default=str))
 
@@ -192,6 +192,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
+      critic_target=c.critic.target,
       value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
   warmup = critic_warmup_settings(c)
   if warmup is not None:

@@ -19,6 +19,7 @@ import jax
 import ml_collections
 
 from ac2_jax import controller as ctl
+from ac2_jax import critic as critic_lib
 from ac2_jax import models, sampling, sharding
 from ac2_jax.algorithms import grpo as grpo_lib
 from ac2_jax.algorithms import li2sao as li2sao_lib
@@ -466,6 +467,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   check_choice('model.dtype', c.model.dtype, DTYPES)
   check_choice('model.attention_impl', c.model.attention_impl, ATTENTION_IMPLS)
   check_choice('critic.readout', c.critic.readout, rows_lib.READOUTS)
+  check_choice('critic.target', c.critic.target, critic_lib.TARGETS)
+  if c.critic.target == 'two_hot' and c.critic.readout != 'expectation':
+    raise ConfigError(f'config.critic.target=two_hot trains a value distribution whose mean is '
+                      f'the target, and config.critic.readout={c.critic.readout!r} reads its mode; '
+                      f'set config.critic.readout=expectation')
   if c.model.init_checkpoint:
     if not os.path.isfile(os.path.join(c.model.init_checkpoint, 'config.json')):
       raise ConfigError(f'config.model.init_checkpoint={c.model.init_checkpoint!r} has no '
