@@ -8,6 +8,7 @@ import pytest
 
 from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows
+from ac2_jax.tasks import builtin
 from ac2_jax.train import critic_warmup, experiment
 from train_fixtures import compile_cache, load_config, tiny_config, train_base  # noqa: F401
 
@@ -16,6 +17,10 @@ def test_curriculum_parses_and_refuses_malformed_stages():
   assert critic_warmup.parse_curriculum('1:12000, 2:6000,0:100') == ((1, 12000), (2, 6000),
                                                                       (0, 100))
   assert critic_warmup.parse_curriculum('') == ()
+  assert critic_warmup.parse_curriculum('1:64,t2:32') == ((1, 64), (-2, 32))
+  assert critic_warmup.stage_name(-2) == 't2' and critic_warmup.stage_name(0) == '0'
+  with pytest.raises(ValueError, match='tail of N >= 1'):
+    critic_warmup.parse_curriculum('t0:64')
   with pytest.raises(ValueError, match='cut_lines:pairs'):
     critic_warmup.parse_curriculum('1-12000')
   with pytest.raises(ValueError, match='pairs >= 1'):
@@ -47,6 +52,19 @@ def test_targets_after_one_line_by_hand_and_the_cache(train_base, compile_cache,
     assert p.value == pytest.approx(by_hand)
     seen.add(credited)
   assert seen == {0, 1}  # both cases were checked
+  # A tail stage ('t2', cut_lines -2): cut after any whole line, only its last two lines wrong.
+  tails = critic_warmup.exact_prefixes(rt, 'train', seed=1, cut_lines=-2, mistake_rate=0.5)
+  ends, misses = set(), set()
+  for p in [next(tails) for _ in range(48)]:
+    text = rt.tokenizer.decode(p.context.tolist())
+    written, credited = p.lines
+    attempt = text.split('<think>\n')[1].split('</think>')[0]
+    problem = builtin.parse_problem(text[text.index('Start at'):])
+    credits = builtin.line_credits(problem, attempt, 'local')[:written]
+    assert all(credits[:written - 2]) and sum(credits) == credited
+    ends.add(written)
+    misses.add(written - credited)
+  assert len(ends) > 3 and misses == {0, 1, 2}
 
   c.critic.warmup = '1:16,0:16'
   c.critic.warmup_pairs_per_update = 8

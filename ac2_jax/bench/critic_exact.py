@@ -181,7 +181,7 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   def report(state, done):
     params = rt.critic_params(state)
     fig = figures(expected_reads(rt, params, held), held, constant)
-    by_cut = {str(cut): figures(expected_reads(rt, params, h), h, constant)
+    by_cut = {critic_warmup.stage_name(cut): figures(expected_reads(rt, params, h), h, constant)
               for cut, h in held_by_cut.items()}
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs,
              **({'by_cut': by_cut} if by_cut else {})}

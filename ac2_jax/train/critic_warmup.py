@@ -9,7 +9,10 @@ the value turns on one line at a fixed place (a cut right after the first line);
 it is still a constant after 24,000. Hence a warm-up as long as the policy's own SFT, with a
 curriculum over the cut: `curriculum` is a list of stages (cut_lines, pairs), where cut_lines N
 cuts each corpus solution right after one of its first N whole lines (uniform) and 0 at a uniform
-token of its reasoning (every cut the controller can draw).
+token of its reasoning (every cut the controller can draw). A tail stage ('tN:pairs', stored as
+cut_lines -N) cuts right after any whole line and lets only the last N lines before the cut be
+wrong: its values turn on where the attempt ends and on its last lines, the part of a chunk's end
+state that differs between the chunks of one group.
 
 The prefixes come from the warm-start corpus (each step wrong with `mistake_rate`, the solver
 carrying on from what it wrote; the walk: off-plan moves), labelled with their exact expected value
@@ -55,8 +58,8 @@ class WarmupSettings:
 
   def __post_init__(self):
     for stage in self.curriculum:
-      if len(stage) != 2 or stage[0] < 0 or stage[1] < 1:
-        raise ValueError(f'a curriculum stage is (cut_lines >= 0, pairs >= 1), got {stage}')
+      if len(stage) != 2 or stage[1] < 1:
+        raise ValueError(f'a curriculum stage is (cut_lines, pairs >= 1), got {stage}')
     if not 0.0 <= self.mistake_rate < 1.0:
       raise ValueError(f'mistake_rate must lie in [0, 1), got {self.mistake_rate}')
     if self.pairs_per_update < 1 or self.learning_rate <= 0:
@@ -68,16 +71,25 @@ class WarmupSettings:
 
 
 def parse_curriculum(text: str) -> tuple[tuple[int, int], ...]:
-  """'1:12000,2:6000,0:12000' -> ((1, 12000), (2, 6000), (0, 12000)); '' -> ()."""
+  """'1:12000,t2:6000,0:12000' -> ((1, 12000), (-2, 6000), (0, 12000)); '' -> ()."""
   stages = []
   for part in filter(None, (p.strip() for p in text.split(','))):
+    cut, _, pairs = part.partition(':')
+    tail = cut.startswith('t')
     try:
-      cut, pairs = (int(x) for x in part.split(':'))
+      cut, pairs = int(cut[1:] if tail else cut), int(pairs)
     except ValueError:
-      raise ValueError(f'curriculum stage {part!r} is not cut_lines:pairs (e.g. 1:12000)'
-                       ) from None
-    stages.append((cut, pairs))
+      raise ValueError(f'curriculum stage {part!r} is not cut_lines:pairs or tN:pairs (e.g. '
+                       f'1:12000, t2:6000)') from None
+    if cut < 0 or (tail and cut < 1):
+      raise ValueError(f'curriculum stage {part!r}: cut_lines >= 0, a tail of N >= 1 lines')
+    stages.append((-cut if tail else cut, pairs))
   return tuple(stages)
+
+
+def stage_name(cut_lines: int) -> str:
+  """A stage's cut as the curriculum writes it: '2', or 't2' for a tail stage (cut_lines -2)."""
+  return f't{-cut_lines}' if cut_lines < 0 else str(cut_lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +117,9 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
                      f'values (labels=value)')
   corpus = builtin_sft.corpus_of(task, step_mistake_rate=mistake_rate,
                                  blind_fraction=blind_fraction)
+  if cut_lines < 0 and (isinstance(task, walk.WalkTask) or blind_fraction):
+    raise ValueError('a tail stage (cut_lines < 0) writes a chain whose lines before its tail are '
+                     'right: the chain task without blind facts')
   records = task.records(split)
   rng = np.random.default_rng(seed)
   think_close = tok.token_id('</think>')
@@ -112,10 +127,15 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
   while True:
     record = records[int(rng.integers(len(records)))]
     problem = corpus.parse(record.prompt)
-    solution = corpus.sample(problem, rng)
+    last_line = int(rng.integers(1, problem.steps + 1)) if cut_lines < 0 else 0
+    solution = (tail_values(problem, rng, last_line, -cut_lines, mistake_rate) if last_line
+                else corpus.sample(problem, rng))
     response = builtin_sft.reply_ids(tok, *corpus.texts(problem, solution))
     reasoning = response[:response.index(think_close)]
-    if cut_lines:
+    if last_line:
+      breaks = [i for i, t in enumerate(reasoning) if t == line_break]
+      prefix = response[:breaks[min(last_line, len(breaks)) - 1] + 1]
+    elif cut_lines:
       breaks = [i for i, t in enumerate(reasoning) if t == line_break]
       prefix = response[:breaks[min(int(rng.integers(cut_lines)), len(breaks) - 1)] + 1]
     else:
@@ -135,6 +155,19 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
     else:
       value = corpus.value(problem, solution, text)
     yield ExactPrefix(context, float(value), lines)
+
+
+def tail_values(problem, rng: np.random.Generator, last_line: int, tail: int, mistake_rate: float
+                ) -> list[int]:
+  """A chain's written values, each step wrong with `mistake_rate` among lines last_line - tail + 1
+  .. last_line (1-based; the solver carrying on from what it wrote) and right everywhere else."""
+  values, v = [], problem.start
+  for i in range(problem.steps):
+    v = problem.apply(i, v)
+    if last_line - tail <= i < last_line and rng.random() < mistake_rate:
+      v = (v + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
+    values.append(v)
+  return values
 
 
 def state_lines_value(state: int, lines: int) -> float:
