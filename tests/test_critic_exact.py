@@ -12,6 +12,21 @@ from ac2_jax.train import cli, critic_warmup, experiment
 from train_fixtures import compile_cache, tiny_config, train_base  # noqa: F401
 
 
+def test_within_position_removes_what_the_attempt_length_explains():
+  """Reads that know only the lines written correlate with the values, but not within a position;
+  reads that also know the lines' credit do."""
+  held = [critic_warmup.ExactPrefix(np.zeros(1, np.int32), v, (n, c))
+          for n, c, v in [(1, 0, 0.2), (1, 1, 0.4), (2, 1, 0.5), (2, 2, 0.7), (2, 2, 0.7)]]
+  values = np.array([p.value for p in held])
+  by_length = np.array([0.3, 0.3, 0.63, 0.63, 0.63])
+  reads, centred = critic_exact.within_position(by_length, values, held)
+  np.testing.assert_allclose(centred, [-0.1, 0.1, -0.133333, 0.066667, 0.066667], atol=1e-6)
+  np.testing.assert_allclose(reads, 0.0, atol=1e-12)
+  assert critic_exact.figures(by_length, held, 0.5)['corr'] > 0.8
+  assert critic_exact.figures(by_length, held, 0.5)['corr_within'] == 0.0
+  assert critic_exact.figures(values + 0.01, held, 0.5)['corr_within'] == pytest.approx(1.0)
+
+
 def test_settings_refuse_bad_values():
   with pytest.raises(ValueError, match='labels'):
     critic_exact.ExactSettings(labels='mode')

@@ -115,7 +115,21 @@ def figures(reads: np.ndarray, held: Sequence[critic_warmup.ExactPrefix], consta
   return {'mae': float(np.abs(reads - values).mean()),
           'mae_constant': float(np.abs(values - constant).mean()),
           'corr': probe._corr(reads, values), 'spread': float(reads.std()),
-          'value_spread': float(values.std())}
+          'value_spread': float(values.std()),
+          'corr_within': probe._corr(*within_position(reads, values, held))}
+
+
+def within_position(reads: np.ndarray, values: np.ndarray,
+                    held: Sequence[critic_warmup.ExactPrefix]) -> tuple[np.ndarray, np.ndarray]:
+  """Reads and values less their means over prefixes of the same position (the lookup key's
+  first part: lines written; the walk's moves left): what is left is what a chunk's lines
+  change, the part of a value that a reader of the attempt's length alone cannot know."""
+  position = np.array([p.lines[0] for p in held])
+  out = []
+  for x in (reads, values):
+    means = {k: x[position == k].mean() for k in set(position.tolist())}
+    out.append(x - np.array([means[k] for k in position.tolist()]))
+  return out[0], out[1]
 
 
 def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix]) -> np.ndarray:
@@ -189,11 +203,12 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     if on_report is not None:
       on_report(curve)
     corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear'))
-    earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f}, MAE {f["mae"]:.3f}]'
-                      for cut, f in by_cut.items())
+    earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
+                      f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
         f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
-        f'{fig["corr"]:+.3f} ({corrs})  spread {fig["spread"]:.3f} (values '
+        f'{fig["corr"]:+.3f} ({corrs}; within a position {fig["corr_within"]:+.3f}, lookup '
+        f'{base_figs["lookup"]["corr_within"]:+.3f})  spread {fig["spread"]:.3f} (values '
         f'{fig["value_spread"]:.3f}){earlier}')
 
   def on_pairs(state, done):
