@@ -19,7 +19,11 @@ does").
 With `warmup` (session 18, seed 0, a warm start of 0.46 on that machine) the critic first learns exact
 corpus values for 33,000 pairs: it then reads a first line at corr 0.95, 1-4 lines at 0.23, the policy's own
 prefixes not at all (0.08); AC2 went 0.46 -> 0.94 (0.93 without the warm-up), ready from step 5, against
-Prefix GRPO's 0.97 on the same FLOPs (BENCHMARKS.md, "Session 18").
+Prefix GRPO's 0.97 on the same FLOPs (BENCHMARKS.md, "Session 18"). Since session 19 the variant trains
+two-hot targets (critic.target): a first line at 0.99-1.00 (MAE 0.003-0.009) and 1-2 lines at 0.58-0.74
+on two draws of prefixes, where rounded targets reach 0.76-0.95 and 0.39-0.47; 1-4 lines 0.36, any cut 0.06,
+and the policy's own prefixes still not at all. In the README run two-hot targets alone change nothing
+(seed 0: 0.935 against 0.930; BENCHMARKS.md, "Session 19").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
 warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at
@@ -95,7 +99,10 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   warmup              before RL the critic learns exact prefix values of the warm-start corpus,
                       cut after 1, 2, 4 lines, then anywhere (critic.warmup, train/critic_warmup.py;
                       at 1e-3 through the adapter, 3e-4 on the shared weights: the rates at which
-                      the chain's critic learned its line check, BENCHMARKS.md "Session 17", "Session 18")
+                      the chain's critic learned its line check, BENCHMARKS.md "Session 17", "Session 18"),
+                      on two-hot targets (critic.target: exact values crowd inside one grid cell, and
+                      rounded they train one token; two-hot learned the check in 2/3 of the pairs,
+                      BENCHMARKS.md "Session 19")
 """
 
 from ac2_jax.train import defaults
@@ -130,6 +137,7 @@ def apply_variant(c, name: str):
     c.controller.readiness_revocable = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
+    c.critic.target = 'two_hot'
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 

@@ -93,6 +93,7 @@ def test_the_warmup_variant_takes_the_adapter_rate_in_either_order():
   for arg in ('bench,adapter,warmup', 'warmup,adapter'):
     c = load_config('ac2', arg)
     assert c.critic.warmup and c.critic.warmup_learning_rate == 1e-3
+    assert c.critic.target == 'two_hot' and c.critic.readout == 'expectation'
   c = load_config('ac2', 'warmup')
   assert c.critic.warmup and c.critic.warmup_learning_rate == 3e-4
   assert critic_warmup.parse_curriculum(c.critic.warmup)[-1][0] == 0  # ends on every cut
