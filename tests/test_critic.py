@@ -135,3 +135,10 @@ def test_value_target_ids(tok):
   assert tok.decode(critic.value_target_ids(tok, 1.0)) == '1<|im_end|>'
   with pytest.raises(ValueError, match='grid'):
     critic.value_target_ids(tok, 0.75)
+
+
+def test_two_hot_target_ids_need_one_token_grid_values(tok):
+  # This SentencePiece model writes '0.7' in several pieces: a two-hot target cannot be one token.
+  assert len(critic.value_target_ids(tok, 0.7)) > 2
+  with pytest.raises(ValueError, match='one token.*critic.target=rounded'):
+    critic.two_hot_target_ids(tok, 0.74)

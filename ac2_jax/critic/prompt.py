@@ -91,3 +91,15 @@ def critic_context_ids(tok: tokenization.Tokenizer, prompt_ids: Sequence[int],
 def value_target_ids(tok: tokenization.Tokenizer, value: float) -> list[int]:
   """The critic's training target after the prefill: the formatted grid value, then `<|im_end|>`."""
   return tok.encode(values.format_value(value)) + [tok.eos_id]
+
+
+def two_hot_target_ids(tok: tokenization.Tokenizer, value: float) -> tuple[list[int], int, float]:
+  """A two-hot target of `value` (`values.two_hot`): (the lower grid value's target ids, the upper
+  grid value's token, its weight). Needs each grid value to be one token."""
+  lower, upper, weight = values.two_hot(value)
+  lower_ids, upper_ids = value_target_ids(tok, lower), value_target_ids(tok, upper)
+  if len(lower_ids) != 2 or len(upper_ids) != 2:
+    raise ValueError(f'two-hot critic targets need every grid value to be one token; '
+                     f'{values.format_value(lower)!r} or {values.format_value(upper)!r} is more '
+                     f'in this tokenizer (use critic.target=rounded)')
+  return lower_ids, upper_ids[0], weight

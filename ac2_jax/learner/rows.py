@@ -225,14 +225,10 @@ def _two_hot_batches(rt: Runtime, contexts, records, length_groups: int):
   lower_ids, uppers = [], []
   for rec in records:
     value = getattr(rec, 'value', None)
-    lower, upper, weight = critic.two_hot(rec.target if value is None else value)
-    lower_ids.append(critic.value_target_ids(rt.tokenizer, lower))
-    upper_ids = critic.value_target_ids(rt.tokenizer, upper)
-    if len(lower_ids[-1]) != 2 or len(upper_ids) != 2:
-      raise ValueError(f'critic.target "two_hot" needs every grid value to be one token; '
-                       f'{critic.format_value(lower)!r} or {critic.format_value(upper)!r} is not '
-                       f'in this tokenizer')
-    uppers.append((upper_ids[0], weight))
+    ids, upper, weight = critic.two_hot_target_ids(rt.tokenizer,
+                                                   rec.target if value is None else value)
+    lower_ids.append(ids)
+    uppers.append((upper, weight))
   return tuple(_critic_batch(rt, [contexts[i] for i in group], [lower_ids[i] for i in group],
                              [records[i].weight for i in group], [uppers[i] for i in group])
                for group in _length_groups(contexts, lower_ids, length_groups))
