@@ -51,16 +51,19 @@ def sample_values(problem: builtin.ChainProblem, rng: np.random.Generator,
       else:
         v = problem.apply(i, v)
         if step_mistake_rate > 0.0 and rng.random() < step_mistake_rate:
-          v = (v + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
+          v = wrong_value(v, problem.modulus, rng)
       out.append(v)
     return out
   if rng.random() >= mistake_rate:
     return problem.values()
   step = int(rng.integers(problem.steps))
-  true_value = problem.values()[step]
-  # Uniform over the modulus - 1 values other than the true one.
-  wrong = (true_value + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
+  wrong = wrong_value(problem.values()[step], problem.modulus, rng)
   return builtin.written_values(problem, step, wrong)
+
+
+def wrong_value(right: int, modulus: int, rng: np.random.Generator) -> int:
+  """A slip: uniform over the modulus - 1 values other than the right one."""
+  return (right + 1 + int(rng.integers(modulus - 1))) % modulus
 
 
 def response_ids(tok: tokenization.Tokenizer, problem: builtin.ChainProblem,

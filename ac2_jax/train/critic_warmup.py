@@ -165,7 +165,7 @@ def tail_values(problem, rng: np.random.Generator, last_line: int, tail: int, mi
   for i in range(problem.steps):
     v = problem.apply(i, v)
     if last_line - tail <= i < last_line and rng.random() < mistake_rate:
-      v = (v + 1 + int(rng.integers(problem.modulus - 1))) % problem.modulus
+      v = builtin_sft.wrong_value(v, problem.modulus, rng)
     values.append(v)
   return values
 
