@@ -142,3 +142,26 @@ def test_two_hot_target_ids_need_one_token_grid_values(tok):
   assert len(critic.value_target_ids(tok, 0.7)) > 2
   with pytest.raises(ValueError, match='one token.*critic.target=rounded'):
     critic.two_hot_target_ids(tok, 0.74)
+
+
+def test_a_rationale_goes_before_the_answer_stem(tok):
+  prompt_ids = tokenization.render_chat(tok, [tokenization.Turn('user', 'Prove it.')])
+  context = critic.critic_context_ids(tok, prompt_ids, tok.encode('Let a = 2m.'))
+  rationale = tok.encode('a b\n')
+  ids, start = critic.with_rationale(tok, context, rationale)
+  assert tok.decode(ids).endswith('<think>\n\n</think>\n\na b\nQ value: ')
+  assert ids[start:start + len(rationale)] == rationale
+  assert ids[:start] + ids[start + len(rationale):] == context
+  with pytest.raises(ValueError, match='answer stem'):
+    critic.with_rationale(tok, context[:-1], rationale)
+
+
+def test_verdict_rationales(tok):
+  ids, offsets = critic.verdict_rationale(tok, [True, False, True])
+  assert tok.decode(ids) == 'yny\n' and offsets == [0, 1, 2]
+  assert critic.verdict_rationale(tok, []) == (tok.encode('\n'), [])
+  # Each line repeated before its verdict: the verdicts sit right after their lines.
+  ids, offsets = critic.verdict_rationale(tok, [True, False], ['a = 2m', 'b'])
+  assert tok.decode(ids) == 'a = 2my\nbn\n'
+  assert [tok.decode([ids[o]]) for o in offsets] == ['y', 'n']
+  assert offsets == [len(tok.encode('a = 2m')), len(tok.encode('a = 2m')) + 2 + len(tok.encode('b'))]

@@ -133,3 +133,24 @@ def test_critic_update_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp
   assert len(padded) == 2  # the split pads to fewer tokens unless all records share a bucket
   with pytest.raises(ValueError, match='length_groups'):
     critic_update.UpdateBenchSettings(length_groups=1)
+
+
+@pytest.mark.parametrize('layout', ['verdicts', 'lines'])
+def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, layout):
+  c = tiny_config(train_base, 'ac2')
+  rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  settings = critic_exact.ExactSettings(pairs=16, pairs_per_update=16, eval_every=16, held_out=8,
+                                        baseline_pairs=32, mistake_rate=0.5, rationale=layout)
+  held = [next(it) for it in [critic_exact.prefixes(rt, settings, 'validation', seed=3)]
+          for _ in range(8)]
+  said = critic_exact.decode_verdicts(rt, rt.critic_params(state), held, layout)
+  assert [len(v) for v in said] == [len(p.verdicts) for p in held]
+  assert any(len(v) > 1 for v in said)
+  curve = critic_exact.run(rt, state, settings, log=lambda *_: None)
+  assert [e['pairs'] for e in curve] == [0, 16]
+  for entry in curve:
+    fig = entry['critic']
+    assert 0.0 <= fig['verdict_accuracy'] <= 1.0 and 0.0 <= fig['wrong_lines_caught'] <= 1.0
+    assert 0.0 <= fig['oracle_mae'] <= 1.0 and 0.0 <= fig['mae'] <= 1.0
+  with pytest.raises(ValueError, match='rationale'):
+    critic_exact.ExactSettings(rationale='essay')

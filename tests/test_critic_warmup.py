@@ -125,3 +125,36 @@ def test_two_hot_targets_teach_the_critic_a_value_between_grid_points(train_base
                                                [np.zeros(0, np.int32)], [None])[0]
   assert reads['two_hot'] == pytest.approx(0.44, abs=0.01)
   assert reads['rounded'] == pytest.approx(0.40, abs=0.01)
+
+
+def test_line_verdicts_on_hand_written_attempts():
+  problem = builtin.ChainProblem(start=3, ops='+*-', operands=(2, 3, 4), modulus=7)
+  # 3+2=5 (right), 5*3=1 (right: 15 mod 7), 1-4=5 (wrong: 4); the verdict reads each line alone.
+  text = '3+2=5\n5*3=1\n1-4=5\n'
+  assert critic_warmup.line_verdicts(problem, text, 3) == (True, True, False)
+  # A wrong line, then a line right from what was written: locally right.
+  assert critic_warmup.line_verdicts(problem, '3+2=6\n6*3=4\n', 2) == (False, True)
+  # Only the written lines are judged; an unfinished line is not one.
+  assert critic_warmup.line_verdicts(problem, '3+2=5\n5*3', 1) == (True,)
+  assert critic_warmup.line_verdicts(problem, '', 0) == ()
+
+
+def test_exact_prefixes_carry_their_lines_verdicts(train_base, compile_cache, tmp_path):
+  c = tiny_config(train_base, 'ac2')
+  rt, _, _ = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  stream = critic_warmup.exact_prefixes(rt, 'train', seed=2, mistake_rate=0.5)
+  for p in [next(stream) for _ in range(16)]:
+    written, credited = p.lines
+    assert len(p.verdicts) == written
+    assert sum(p.verdicts) == credited  # the tiny config scores every locally right line
+    assert len(p.line_texts) == written
+    text = rt.tokenizer.decode(p.context.tolist())
+    assert all(f'{line}\n' in text for line in p.line_texts)
+    marks = ''.join('y' if v else 'n' for v in p.verdicts)
+    ids, positions = critic_warmup.with_verdicts(rt, p)
+    assert rt.tokenizer.decode(ids[positions].tolist()) == marks
+    assert rt.tokenizer.decode(ids.tolist()).endswith(f'{marks}\nQ value: ')
+    ids, positions = critic_warmup.with_verdicts(rt, p, 'lines')
+    assert rt.tokenizer.decode(ids[positions].tolist()) == marks
+    assert rt.tokenizer.decode(ids.tolist()).endswith(
+        ''.join(f'{line}{m}\n' for line, m in zip(p.line_texts, marks)) + 'Q value: ')

@@ -289,3 +289,28 @@ def test_learner_logprobs_match_the_sampler_on_a_padded_vocabulary():
         update_settings=_settings(valid_vocab_size=valid), train_sampling=settings,
         eval_sampling=sampling.SamplingSettings(), max_total_len=64, max_sample_batch=8,
         actor_minibatches=1, state=None)
+
+
+def test_critic_rationale_loss_by_hand():
+  """A record with a rationale inside its prompt: its value loss as before, plus w times the mean
+  NLL of the rationale's tokens, read from the same forward; a row without one adds nothing."""
+  rng = np.random.default_rng(8)
+  contexts = [rng.integers(1, CONFIG.vocab_size, n).astype(np.int32) for n in (9, 12)]
+  value, end = 5, 9
+  batch = _critic_batch(contexts, [np.array([value, end], np.int32)] * 2, [1.0, 0.5], 16)
+  spans = [(4, 7), (0, 0)]  # record 0's tokens 4..6 are its rationale; record 1 has none
+  mask = np.zeros((2, 16), np.float32)
+  mask[0, 4:7] = 1.0
+  with_rationale = batch.replace(rationale_mask_BxT=jnp.asarray(mask), rationale_width=8)
+  params = models.init_params(CONFIG, jax.random.key(5))
+  state = state_lib.init_state(params, _settings().optim)
+  plain_sum, records, _ = updates.critic_grads(_settings(), state, batch)
+  loss_sum, records_r, grads = updates.critic_grads(_settings(), state, with_rationale)
+  logits = models.forward(CONFIG, params, batch.tokens_BxT)[0]
+  logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))
+  tokens = np.asarray(batch.tokens_BxT)
+  start, stop = spans[0]
+  rationale_nll = -np.mean([logp[0, t - 1, tokens[0, t]] for t in range(start, stop)])
+  assert float(records_r) == float(records) == 2.0
+  np.testing.assert_allclose(loss_sum, plain_sum + 1.0 * rationale_nll, rtol=1e-5)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))

@@ -66,9 +66,18 @@ class ExactSettings:
   # Stages 'cut_lines:pairs,...' (critic_warmup.parse_curriculum) instead of (cut_lines, pairs):
   # the warm-up's curriculum. Held out: prefixes at every stage's cut, read after each report.
   curriculum: str = ''
+  # 'verdicts' | 'lines': the critic writes y/n per line of the attempt before its value (a
+  # thinking critic, a departure from the paper's "Don't think"; critic_warmup.with_verdicts;
+  # 'lines' repeats each line before its verdict). Its reads decode the verdicts greedily, then
+  # read the value; the report adds the verdicts' accuracy and the reads with the true verdicts
+  # written in (oracle).
+  rationale: str = ''
   seed: int = 0
 
   def __post_init__(self):
+    if self.rationale not in critic_warmup.RATIONALES:
+      raise ValueError(f'rationale must be one of {critic_warmup.RATIONALES}, got '
+                       f'{self.rationale!r}')
     if self.labels not in LABELS:
       raise ValueError(f'labels must be one of {LABELS}, got {self.labels!r}')
     if not 0.0 <= self.mistake_rate < 1.0:
@@ -132,12 +141,52 @@ def within_position(reads: np.ndarray, values: np.ndarray,
   return out[0], out[1]
 
 
-def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix]) -> np.ndarray:
+def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix],
+                   contexts: Sequence[np.ndarray] | None = None) -> np.ndarray:
   """The expectation readout over the grid tokens (one forward per prefix)."""
   grid_ids = [critic_lib.value_target_ids(rt.tokenizer, v)[0] for v in critic_lib.GRID]
-  probs_NxM = sampling.token_distribution(rt.model_config, params, [p.context for p in held],
-                                          grid_ids, renormalize=True, mesh=rt.mesh)
+  contexts = [p.context for p in held] if contexts is None else contexts
+  probs_NxM = sampling.token_distribution(rt.model_config, params, contexts, grid_ids,
+                                          renormalize=True, mesh=rt.mesh)
   return probs_NxM @ np.asarray(critic_lib.GRID, np.float64)
+
+
+def decode_verdicts(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
+                    ) -> list[tuple[bool, ...]]:
+  """The critic's own verdicts on each prefix's written lines: greedy between 'y' and 'n', one
+  forward of every unfinished prompt per line (the rationale's other tokens are the host's)."""
+  yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
+  forms = [critic_warmup.with_verdicts(rt, p, layout) for p in held]
+  verdicts = [[] for _ in held]
+  for k in range(max((len(p.verdicts) for p in held), default=0)):
+    todo = [i for i, p in enumerate(held) if len(p.verdicts) > k]
+    contexts = []
+    for i in todo:
+      ids, positions = forms[i]
+      ids = ids[:positions[k]].copy()
+      ids[positions[:k]] = [yes if v else no for v in verdicts[i]]
+      contexts.append(ids)
+    probs_Nx2 = sampling.token_distribution(rt.model_config, params, contexts, [yes, no],
+                                            renormalize=True, mesh=rt.mesh)
+    for i, p_2 in zip(todo, probs_Nx2):
+      verdicts[i].append(bool(p_2[0] >= p_2[1]))
+  return [tuple(v) for v in verdicts]
+
+
+def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
+                    ) -> tuple[np.ndarray, dict]:
+  """A verdict critic's reads (its own verdicts written, then the value read) and, beside them,
+  its verdicts' accuracy over the held-out lines and its reads with the true verdicts (oracle)."""
+  said = decode_verdicts(rt, params, held, layout)
+  own = [critic_warmup.with_verdicts(rt, dataclasses.replace(p, verdicts=v), layout)[0]
+         for p, v in zip(held, said)]
+  truth = [critic_warmup.with_verdicts(rt, p, layout)[0] for p in held]
+  pairs = [(a, b) for p, v in zip(held, said) for a, b in zip(v, p.verdicts)]
+  wrong = [a == b for a, b in pairs if not b]
+  extra = {'verdict_accuracy': float(np.mean([a == b for a, b in pairs])) if pairs else 1.0,
+           'wrong_lines_caught': float(np.mean(wrong)) if wrong else 1.0,
+           'oracle_reads': expected_reads(rt, params, held, truth)}
+  return expected_reads(rt, params, held, own), extra
 
 
 def last_hidden(rt, params, contexts: Sequence[np.ndarray], rows: int = 64) -> np.ndarray:
@@ -192,11 +241,18 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   base_figs['linear'] = figures(linear, held, constant)
   curve, start = [], time.time()
 
+  def read(params, h):
+    if not settings.rationale:
+      return figures(expected_reads(rt, params, h), h, constant)
+    reads, extra = rationale_reads(rt, params, h, settings.rationale)
+    oracle = figures(extra.pop('oracle_reads'), h, constant)
+    return {**figures(reads, h, constant), **extra, 'oracle_corr': oracle['corr'],
+            'oracle_mae': oracle['mae']}
+
   def report(state, done):
     params = rt.critic_params(state)
-    fig = figures(expected_reads(rt, params, held), held, constant)
-    by_cut = {critic_warmup.stage_name(cut): figures(expected_reads(rt, params, h), h, constant)
-              for cut, h in held_by_cut.items()}
+    fig = read(params, held)
+    by_cut = {critic_warmup.stage_name(cut): read(params, h) for cut, h in held_by_cut.items()}
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs,
              **({'by_cut': by_cut} if by_cut else {})}
     curve.append(entry)
@@ -205,11 +261,15 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear'))
     earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
                       f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
+    verdicts = (f'  verdicts: accuracy {fig["verdict_accuracy"]:.3f}, wrong lines caught '
+                f'{fig["wrong_lines_caught"]:.3f}; with the true verdicts corr '
+                f'{fig["oracle_corr"]:+.3f}, MAE {fig["oracle_mae"]:.3f}'
+                if settings.rationale else '')
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
         f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
         f'{fig["corr"]:+.3f} ({corrs}; within a position {fig["corr_within"]:+.3f}, lookup '
         f'{base_figs["lookup"]["corr_within"]:+.3f})  spread {fig["spread"]:.3f} (values '
-        f'{fig["value_spread"]:.3f}){earlier}')
+        f'{fig["value_spread"]:.3f}){verdicts}{earlier}')
 
   def on_pairs(state, done):
     if done // settings.eval_every > curve[-1]['pairs'] // settings.eval_every:
@@ -217,7 +277,8 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
 
   report(state, 0)
   warmup = settings.warmup()
-  state = critic_warmup.train(rt, state, warmup, labels=settings.labels, on_pairs=on_pairs)
+  state = critic_warmup.train(rt, state, warmup, labels=settings.labels,
+                              rationale=settings.rationale, on_pairs=on_pairs)
   if curve[-1]['pairs'] != warmup.pairs:
     report(state, warmup.pairs)
   if on_trained is not None:
@@ -231,8 +292,11 @@ def keep_as_warmup(config, workdir: str, rt, settings: ExactSettings, log=print)
   from ac2_jax.train import experiment
 
   def keep(state):
-    if config.critic.warmup or not settings.curriculum or settings.labels != 'value':
-      return  # the run's own warm-up trained further, a single stage, or a control's labels
+    if (config.critic.warmup or not settings.curriculum or settings.labels != 'value'
+        or settings.rationale):
+      # The run's own warm-up trained further, a single stage, a control's labels, or a critic
+      # that writes a rationale (runs read the paper's critic, which does not).
+      return
     c = config.copy_and_resolve_references()
     c.critic.warmup = settings.curriculum
     c.critic.warmup_learning_rate = settings.learning_rate

@@ -103,3 +103,49 @@ def two_hot_target_ids(tok: tokenization.Tokenizer, value: float) -> tuple[list[
                      f'{values.format_value(lower)!r} or {values.format_value(upper)!r} is more '
                      f'in this tokenizer (use critic.target=rounded)')
   return lower_ids, upper_ids[0], weight
+
+
+# A rationale's verdict per line: the line is right ('y') or wrong ('n'); one token each in the
+# built-in tokenizer.
+VERDICT_TEXT = {True: 'y', False: 'n'}
+
+
+def with_rationale(tok: tokenization.Tokenizer, context_ids: Sequence[int],
+                   rationale_ids: Sequence[int]) -> tuple[list[int], int]:
+  """A critic prompt whose reply writes `rationale_ids` before 'Q value: ' (a thinking critic, a
+  departure from the paper's "Don't think"): `context_ids` (from `critic_context_ids`) with the
+  rationale inserted before its answer stem. Returns (ids, where the rationale starts)."""
+  stem = tok.encode(ANSWER_STEM)
+  ids = [int(i) for i in context_ids]
+  if ids[-len(stem):] != stem:
+    raise ValueError('with_rationale: the context does not end with the critic answer stem')
+  start = len(ids) - len(stem)
+  return ids[:start] + [int(i) for i in rationale_ids] + stem, start
+
+
+def verdict_token(tok: tokenization.Tokenizer, verdict: bool) -> int:
+  text = VERDICT_TEXT[bool(verdict)]
+  ids = tok.encode(text)
+  if len(ids) != 1 or tok.decode(ids) != text:
+    raise ValueError(f'a verdict {text!r} is not one token of this tokenizer; a verdict '
+                     f'rationale needs one')
+  return ids[0]
+
+
+def verdict_rationale(tok: tokenization.Tokenizer, verdicts: Sequence[bool],
+                      lines: Sequence[str] | None = None) -> tuple[list[int], list[int]]:
+  """A rationale that judges the attempt line by line: (its ids, the offsets of the verdicts in
+  it, the tokens the critic writes). Without `lines`, one verdict token per line, then a line
+  break ('yyn\n'); with them, each judged line repeated before its verdict ('3+2=5y\n...'): the
+  host writes the line, so the critic's verdict sits right after what it judges."""
+  ids, offsets = [], []
+  for i, verdict in enumerate(verdicts):
+    if lines is not None:
+      ids += tok.encode(lines[i])
+    offsets.append(len(ids))
+    ids.append(verdict_token(tok, verdict))
+    if lines is not None:
+      ids += tok.encode('\n')
+  if lines is None:
+    ids += tok.encode('\n')
+  return ids, offsets

@@ -188,16 +188,21 @@ def critic_reader(readout: str):
 
 
 def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: Sequence,
-                         length_groups: int = 2) -> tuple[updates.CriticBatch, ...] | None:
+                         length_groups: int = 2,
+                         rationales: Sequence[Sequence[int]] | None = None
+                         ) -> tuple[updates.CriticBatch, ...] | None:
   """Critic prompt (`contexts[i]`, from `rt.critic_context`) + value target tokens per record, the
   targets masked: the records sorted by length and cut into up to `length_groups` batches of equal
   rows, each padded to its own length bucket (`rt.critic_step` sums their gradients into one
   update). A record's prompt with the reference is about a reference longer than without it, so
-  one bucket for all of them pads half the records by that much."""
+  one bucket for all of them pads half the records by that much.
+
+  `rationales[i]`: the positions in context i of a rationale's tokens that the critic writes before
+  its value (`critic.with_rationale`), trained beside the value."""
   if not records:
     return None
   if rt.critic_target == 'two_hot':
-    return _two_hot_batches(rt, contexts, records, length_groups)
+    return _two_hot_batches(rt, contexts, records, length_groups, rationales)
   targets = [critic.value_target_ids(rt.tokenizer, rec.target) for rec in records]
   longest = max(len(t) for t in targets)
   if longest > critic_loss.MAX_VALUE_TOKENS:
@@ -206,8 +211,13 @@ def critic_records_batch(rt: Runtime, contexts: Sequence[np.ndarray], records: S
     raise ValueError(f'a critic target is {longest} tokens (value and end of turn); the critic '
                      f'loss takes at most {critic_loss.MAX_VALUE_TOKENS}')
   return tuple(_critic_batch(rt, [contexts[i] for i in group], [targets[i] for i in group],
-                             [records[i].weight for i in group])
+                             [records[i].weight for i in group],
+                             rationales=_pick(rationales, group))
                for group in _length_groups(contexts, targets, length_groups))
+
+
+def _pick(items: Sequence | None, group: Sequence[int]) -> list | None:
+  return None if items is None else [items[i] for i in group]
 
 
 def _length_groups(contexts, targets, length_groups: int) -> list[list[int]]:
@@ -219,7 +229,7 @@ def _length_groups(contexts, targets, length_groups: int) -> list[list[int]]:
   return [order[k:k + rows] for k in range(0, len(order), rows)]
 
 
-def _two_hot_batches(rt: Runtime, contexts, records, length_groups: int):
+def _two_hot_batches(rt: Runtime, contexts, records, length_groups: int, rationales=None):
   """`critic_records_batch` with two-hot targets (`critic.two_hot` of each record's unrounded
   `value`, else its `target`): the lower grid value's tokens, the upper one's token beside them."""
   lower_ids, uppers = [], []
@@ -230,11 +240,13 @@ def _two_hot_batches(rt: Runtime, contexts, records, length_groups: int):
     lower_ids.append(ids)
     uppers.append((upper, weight))
   return tuple(_critic_batch(rt, [contexts[i] for i in group], [lower_ids[i] for i in group],
-                             [records[i].weight for i in group], [uppers[i] for i in group])
+                             [records[i].weight for i in group], [uppers[i] for i in group],
+                             _pick(rationales, group))
                for group in _length_groups(contexts, lower_ids, length_groups))
 
 
-def _critic_batch(rt: Runtime, contexts, targets, weights, uppers=None) -> updates.CriticBatch:
+def _critic_batch(rt: Runtime, contexts, targets, weights, uppers=None, rationales=None
+                  ) -> updates.CriticBatch:
   T = sampling.train_bucket(max(len(s) + len(t) for s, t in zip(contexts, targets)))
   B = bucket_rows(len(contexts), rt.batch_multiple)
   tokens = np.zeros((B, T), np.int32)
@@ -245,10 +257,17 @@ def _critic_batch(rt: Runtime, contexts, targets, weights, uppers=None) -> updat
     tokens[b, len(s):len(s) + len(t)] = t
     mask[b, len(s):len(s) + len(t)] = 1.0
     weights_B[b] = w
-  if uppers is None:
-    return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B))
-  upper_token_B = np.zeros((B,), np.int32)
-  upper_weight_B = np.zeros((B,), np.float32)
-  for b, (token, weight) in enumerate(uppers):
-    upper_token_B[b], upper_weight_B[b] = token, weight
-  return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B, upper_token_B, upper_weight_B))
+  fields = {}
+  if uppers is not None:
+    fields['upper_token_B'] = np.zeros((B,), np.int32)
+    fields['upper_weight_B'] = np.zeros((B,), np.float32)
+    for b, (token, weight) in enumerate(uppers):
+      fields['upper_token_B'][b], fields['upper_weight_B'][b] = token, weight
+  if rationales is not None:
+    fields['rationale_mask_BxT'] = np.zeros((B, T), np.float32)
+    for b, positions in enumerate(rationales):
+      fields['rationale_mask_BxT'][b, list(positions)] = 1.0
+    # A power-of-two window: one compiled shape per bucket, not per widest rationale.
+    widest = max((max(p) - min(p) + 1 for p in rationales if len(p)), default=1)
+    fields['rationale_width'] = max(8, 1 << (widest - 1).bit_length())
+  return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B, **fields))

@@ -8,6 +8,7 @@ skips the update when the loss or a gradient is not finite (reported as `skipped
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import flax.struct
@@ -72,12 +73,18 @@ class CriticBatch:
   With two-hot targets (`critic.values.two_hot`) the first target token is the lower grid value
   and `upper_token_B` the upper one, which takes `upper_weight_B` of that position's likelihood;
   None: every target is its tokens alone (the paper's rounded targets).
+
+  A critic that writes a rationale before its value (`critic.with_rationale`: a verdict per line
+  of the attempt) has it inside the prompt; `rationale_mask_BxT` marks the tokens the critic writes
+  (all within `rationale_width` positions of a row's first), trained beside the value.
   """
   tokens_BxT: jax.Array
   target_mask_BxT: jax.Array
   weights_B: jax.Array
   upper_token_B: jax.Array | None = None
   upper_weight_B: jax.Array | None = None
+  rationale_mask_BxT: jax.Array | None = None
+  rationale_width: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def sequence_logprobs(model_config, params, tokens_BxT, temperature, logits_chunk: int = 0,
@@ -127,8 +134,15 @@ def window_logprobs(model_config, params, tokens_BxT, start_B, width: int, tempe
   `first_mix` = (tokens_B, weights_B): the first position's entry becomes
   (1 - w) log pi(its token) + w log pi(tokens_B[b]), a two-token soft target's log-likelihood.
   """
-  T = tokens_BxT.shape[1]
   hidden_BxTxE = models.forward(model_config, params, tokens_BxT, output='hidden')[0]
+  return hidden_window_logprobs(model_config, params, hidden_BxTxE, tokens_BxT, start_B, width,
+                                temperature, valid_vocab_size, first_mix)
+
+
+def hidden_window_logprobs(model_config, params, hidden_BxTxE, tokens_BxT, start_B, width: int,
+                           temperature, valid_vocab_size: int = 0, first_mix=None):
+  """`window_logprobs` from the model's final hidden states (one forward serves several windows)."""
+  T = tokens_BxT.shape[1]
   targets_BxW = jnp.clip(start_B[:, None] + jnp.arange(width)[None, :], 1, T - 1)
   hidden_BxWxE = jnp.take_along_axis(hidden_BxTxE, (targets_BxW - 1)[..., None], axis=1)
   logits_BxWxV = models.head_logits(model_config, params, hidden_BxWxE)
@@ -237,13 +251,20 @@ def critic_grads(settings: UpdateSettings, state: state_lib.TrainState, batch: C
     params = (trained if field == 'params' else critic_adapter.merge(state.params, trained))
     # The critic reads its value greedily from the sampler's support (`rows.critic_reads`), so
     # it learns the value tokens' likelihood over that support too.
+    hidden_BxTxE = models.forward(settings.model, params, mb.tokens_BxT, output='hidden')[0]
+    window = functools.partial(hidden_window_logprobs, settings.model, params, hidden_BxTxE,
+                               mb.tokens_BxT, temperature=1.0,
+                               valid_vocab_size=settings.valid_vocab_size)
     start_B, mask_BxW = target_window(mb.target_mask_BxT, critic_loss.MAX_VALUE_TOKENS)
     mix = None if mb.upper_token_B is None else (mb.upper_token_B, mb.upper_weight_B)
-    logp_BxW = window_logprobs(settings.model, params, mb.tokens_BxT, start_B,
-                               critic_loss.MAX_VALUE_TOKENS, 1.0, settings.valid_vocab_size,
-                               first_mix=mix)
+    logp_BxW = window(start_B, critic_loss.MAX_VALUE_TOKENS, first_mix=mix)
     loss_sum, count = critic_loss.value_nll_loss(logp_BxW, mask_BxW, mb.weights_B)
-    return loss_sum, (count, {})
+    if mb.rationale_mask_BxT is None:
+      return loss_sum, (count, {})
+    start_B, mask_BxR = target_window(mb.rationale_mask_BxT, mb.rationale_width)
+    rationale_sum = critic_loss.rationale_nll_loss(window(start_B, mb.rationale_width), mask_BxR,
+                                                   mb.weights_B)
+    return loss_sum + rationale_sum, (count, {})
 
   loss_sum, count, _, grads = accumulate(loss_fn, getattr(state, field), batch,
                                          settings.micro_batch)

@@ -35,6 +35,16 @@ def value_nll_loss(target_logprobs_BxT, target_mask_BxT, weights_B, *,
   return loss_sum, is_record_B.astype(jnp.float32).sum()
 
 
+
+def rationale_nll_loss(logprobs_BxR, mask_BxR, weights_B):
+  """A critic rationale's loss (`critic.prompt.with_rationale`): per record w * the mean NLL of its
+  rationale tokens, so a record's rationale weighs as much as its value however many lines it
+  judges (rows without one add 0). Summed like `value_nll_loss`, over the same records."""
+  logp, m, w = _f32(logprobs_BxR), _f32(mask_BxR), _f32(weights_B)
+  n_B = m.sum(-1)
+  nll_B = -jnp.where(m > 0, logp, 0.0).sum(-1) / jnp.maximum(n_B, 1.0)
+  return jnp.where(n_B > 0, w * nll_B, 0.0).sum()
+
 def clipped_value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, clip: float = 0.2):
   """max((V - G)^2, (V_clipped - G)^2) on masked tokens; V_clipped = V_old + clip(V - V_old, +-c).
 

@@ -39,7 +39,7 @@ import numpy as np
 from ac2_jax import critic as critic_lib
 from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows
-from ac2_jax.tasks import builtin_sft, walk
+from ac2_jax.tasks import builtin, builtin_sft, walk
 from ac2_jax.train import checkpointing
 
 LABELS = ('value', 'start', 'state', 'state_lines')
@@ -98,6 +98,8 @@ class ExactPrefix:
   value: float                  # exact expected points / max points (or a control's label)
   lines: tuple[int, int]        # `builtin_sft.lookup_key`: chain (lines written, lines credited),
                                 # walk (moves left, number reached)
+  verdicts: tuple[bool, ...] = ()  # chain: each written line locally right (a rationale's targets)
+  line_texts: tuple[str, ...] = ()  # chain: the written lines
 
 
 def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rate: float = 0.3,
@@ -147,6 +149,9 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
       raise ValueError(f'a critic prompt of {split} problem {record.id} does not fit the context')
     text = tok.decode(prefix)
     lines = builtin_sft.lookup_key(task, record, text)
+    chain = not isinstance(task, walk.WalkTask)
+    verdicts = line_verdicts(problem, text, lines[0]) if chain else ()
+    line_texts = tuple(text.partition('</think>')[0].split('\n')[:lines[0]]) if chain else ()
     if labels == 'start':
       value = problem.start / 10
     elif labels in ('state', 'state_lines'):
@@ -154,7 +159,15 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
       value = state / 10 if labels == 'state' else state_lines_value(state, lines[0])
     else:
       value = corpus.value(problem, solution, text)
-    yield ExactPrefix(context, float(value), lines)
+    yield ExactPrefix(context, float(value), lines, verdicts, line_texts)
+
+
+def line_verdicts(problem, response_text: str, written: int) -> tuple[bool, ...]:
+  """Whether each of the first `written` lines of a chain attempt is locally right (its written
+  input, operation and result agree), whatever the task's scoring credits."""
+  thinking = response_text.partition('</think>')[0]
+  complete = '\n'.join(thinking.split('\n')[:written])
+  return tuple(builtin.line_credits(problem, complete, 'local')[:written])
 
 
 def tail_values(problem, rng: np.random.Generator, last_line: int, tail: int, mistake_rate: float
@@ -183,10 +196,29 @@ class _Record:
   value: float | None = None  # the unrounded target (two-hot targets spread it)
 
 
-def train(rt, state, settings: WarmupSettings, *, labels: str = 'value',
+# '' (the paper's critic: the value alone), 'verdicts' (y/n per line, then the value), 'lines'
+# (each line repeated by the host, the critic's y/n after it, then the value).
+RATIONALES = ('', 'verdicts', 'lines')
+
+
+def with_verdicts(rt, prefix: ExactPrefix, layout: str = 'verdicts'
+                  ) -> tuple[np.ndarray, list[int]]:
+  """The prefix's critic prompt with its true verdicts written before the value (teacher-forced;
+  `layout` 'verdicts' or 'lines', `critic.verdict_rationale`), and the verdicts' positions."""
+  lines = prefix.line_texts if layout == 'lines' else None
+  rationale, offsets = critic_lib.verdict_rationale(rt.tokenizer, prefix.verdicts, lines)
+  ids, start = critic_lib.with_rationale(rt.tokenizer, prefix.context, rationale)
+  return np.asarray(ids, np.int32), [start + o for o in offsets]
+
+
+def train(rt, state, settings: WarmupSettings, *, labels: str = 'value', rationale: str = '',
           on_pairs: Callable[[object, int], None] | None = None):
   """Runs the curriculum through `rt.critic_step`; returns the state. `on_pairs(state, done)` is
-  called after every update (a benchmark evaluates there)."""
+  called after every update (a benchmark evaluates there). With a `rationale` (RATIONALES) the
+  critic writes a verdict per line of the attempt before its value (`with_verdicts`), trained
+  with it."""
+  if rationale not in RATIONALES:
+    raise ValueError(f'rationale must be one of {RATIONALES}, got {rationale!r}')
   lr = np.float32(settings.learning_rate)
   done = 0
   for i, (cut_lines, pairs) in enumerate(settings.curriculum):
@@ -198,8 +230,12 @@ def train(rt, state, settings: WarmupSettings, *, labels: str = 'value',
     while done < end:
       batch = [next(stream) for _ in range(min(settings.pairs_per_update, end - done))]
       records = [_Record(critic_lib.round_to_grid(p.value), value=p.value) for p in batch]
-      state, _ = rt.critic_step(state, rows.critic_records_batch(
-          rt, [p.context for p in batch], records), lr)
+      if rationale:
+        contexts, spans = zip(*(with_verdicts(rt, p, rationale) for p in batch))
+        device_batch = rows.critic_records_batch(rt, contexts, records, rationales=spans)
+      else:
+        device_batch = rows.critic_records_batch(rt, [p.context for p in batch], records)
+      state, _ = rt.critic_step(state, device_batch, lr)
       done += len(batch)
       if on_pairs is not None:
         on_pairs(state, done)
