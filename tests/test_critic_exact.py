@@ -2,8 +2,12 @@
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
+
+from ac2_jax import critic as critic_lib
+from ac2_jax import models, sampling
 
 from ac2_jax.bench import critic_exact
 from ac2_jax.learner import rows
@@ -146,6 +150,18 @@ def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_pa
   said = critic_exact.decode_verdicts(rt, rt.critic_params(state), held, layout)
   assert [len(v) for v in said] == [len(p.verdicts) for p in held]
   assert any(len(v) > 1 for v in said)
+  # The fixed-point decode writes what greedy decoding, verdict after verdict, writes; on fresh
+  # weights, whose verdicts turn on the context.
+  noisy = models.init_params(rt.model_config, jax.random.key(1))
+  yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
+  said = critic_exact.decode_verdicts(rt, noisy, held, layout)
+  for p, got in zip(held, said):
+    ids, at = critic_warmup.with_verdicts(rt, p, layout)
+    for k, slot in enumerate(at):
+      p_2 = sampling.token_distribution(rt.model_config, noisy, [ids[:slot]], [yes, no])[0]
+      ids[slot] = yes if p_2[0] >= p_2[1] else no
+    assert got == tuple(bool(t == yes) for t in ids[at])
+  assert len({v for s in said for v in s}) == 2  # both verdicts were written
   curve = critic_exact.run(rt, state, settings, log=lambda *_: None)
   assert [e['pairs'] for e in curve] == [0, 16]
   for entry in curve:

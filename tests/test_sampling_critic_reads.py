@@ -77,6 +77,21 @@ def test_token_distribution_matches_forward(params):
     sampling.token_distribution(CONFIG, params, CONTEXTS, [])
 
 
+
+def test_token_distributions_at_read_every_position_of_one_forward(params):
+  """Each requested position reads what `token_distribution` reads on the context cut there."""
+  ids = [5, 17, 300]
+  positions = [[1, len(c) - 1] for c in CONTEXTS]
+  positions[0] = [len(CONTEXTS[0]) - 1]
+  got = sampling.token_distributions_at(CONFIG, params, CONTEXTS, positions, ids, max_batch=2)
+  for c, at, probs in zip(CONTEXTS, positions, got):
+    assert probs.shape == (len(at), len(ids))
+    want = sampling.token_distribution(CONFIG, params, [c[:p] for p in at], ids,
+                                       renormalize=True)
+    np.testing.assert_allclose(probs, want, rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match='outside'):
+    sampling.token_distributions_at(CONFIG, params, CONTEXTS[:1], [[len(CONTEXTS[0])]], ids)
+
 VALID = 300  # token ids of a tokenizer whose checkpoint pads the embedding to CONFIG's 512 rows
 
 

@@ -153,24 +153,28 @@ def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix],
 
 def decode_verdicts(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
                     ) -> list[tuple[bool, ...]]:
-  """The critic's own verdicts on each prefix's written lines: greedy between 'y' and 'n', one
-  forward of every unfinished prompt per line (the rationale's other tokens are the host's)."""
+  """The critic's own verdicts on each prefix's written lines, greedy between 'y' and 'n' (the
+  rationale's other tokens are the host's): every slot read in one forward and refilled with its
+  argmax until none changes (`sampling.token_distributions_at`), at most one pass per line."""
   yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
   forms = [critic_warmup.with_verdicts(rt, p, layout) for p in held]
-  verdicts = [[] for _ in held]
-  for k in range(max((len(p.verdicts) for p in held), default=0)):
-    todo = [i for i, p in enumerate(held) if len(p.verdicts) > k]
-    contexts = []
-    for i in todo:
-      ids, positions = forms[i]
-      ids = ids[:positions[k]].copy()
-      ids[positions[:k]] = [yes if v else no for v in verdicts[i]]
-      contexts.append(ids)
-    probs_Nx2 = sampling.token_distribution(rt.model_config, params, contexts, [yes, no],
-                                            renormalize=True, mesh=rt.mesh)
-    for i, p_2 in zip(todo, probs_Nx2):
-      verdicts[i].append(bool(p_2[0] >= p_2[1]))
-  return [tuple(v) for v in verdicts]
+  contexts = [ids.copy() for ids, _ in forms]
+  for c, (_, at) in zip(contexts, forms):
+    c[at] = yes
+  todo = [i for i, (_, at) in enumerate(forms) if at]
+  for _ in range(max((len(p.verdicts) for p in held), default=0) + 1):
+    if not todo:
+      break
+    probs = sampling.token_distributions_at(rt.model_config, params, [contexts[i] for i in todo],
+                                            [forms[i][1] for i in todo], [yes, no], mesh=rt.mesh)
+    changed = []
+    for i, p_Wx2 in zip(todo, probs):
+      said = np.where(p_Wx2[:, 0] >= p_Wx2[:, 1], yes, no)
+      if (contexts[i][forms[i][1]] != said).any():
+        contexts[i][forms[i][1]] = said
+        changed.append(i)
+    todo = changed
+  return [tuple(bool(t == yes) for t in c[at]) for c, (_, at) in zip(contexts, forms)]
 
 
 def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str

@@ -55,6 +55,58 @@ def _next_token_log_probs(params, contexts_BxP, lengths_B, *, token_ids: tuple[i
   return distribution.sampling_log_probs(logits_BxV, settings)[:, jnp.asarray(token_ids)]
 
 
+@functools.partial(jax.jit, static_argnames=('token_ids', 'config', 'mesh', 'settings'))
+def _log_probs_at(params, contexts_BxP, lengths_B, at_BxW, *, token_ids: tuple[int, ...],
+                  config: ModelConfig, mesh: Mesh | None, settings: SamplingSettings):
+  if mesh is not None:
+    contexts_BxP = decode.constrain(contexts_BxP, mesh, P(decode.BATCH_AXES, None))
+  hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, lengths_B=lengths_B,
+                                  output='hidden')
+  hidden_BxWxE = jnp.take_along_axis(hidden_BxPxE, (at_BxW - 1)[..., None], axis=1)
+  logits_BxWxV = qwen3.head_logits(config, params, hidden_BxWxE)
+  return distribution.sampling_log_probs(logits_BxWxV, settings)[..., jnp.asarray(token_ids)]
+
+
+def token_distributions_at(config: ModelConfig, params, contexts: Sequence[np.ndarray],
+                           positions: Sequence[Sequence[int]], token_ids: Sequence[int], *,
+                           mesh: Mesh | None = None, valid_vocab_size: int = 0,
+                           max_batch: int = 128) -> list[np.ndarray]:
+  """`token_distribution` at several places of each context in one forward: for context i, the
+  probabilities of `token_ids` at each of `positions[i]` (given the tokens before it),
+  renormalised over `token_ids`. Returns float32 [len(positions[i]), len(token_ids)] per context.
+
+  A decode that fills several slots (a critic's verdict per line) can run this to a fixed point
+  instead of a forward per slot: slots filled with the argmax at every position they read are
+  what greedy decoding, slot after slot, would have written."""
+  token_ids = tuple(int(t) for t in token_ids)
+  if len(contexts) > max_batch:
+    return sum((token_distributions_at(config, params, contexts[i:i + max_batch],
+                                       positions[i:i + max_batch], token_ids, mesh=mesh,
+                                       valid_vocab_size=valid_vocab_size, max_batch=max_batch)
+                for i in range(0, len(contexts), max_batch)), [])
+  for c, at in zip(contexts, positions):
+    if any(not 1 <= int(p) <= len(c) - 1 for p in at):
+      raise ValueError(f'token_distributions_at: positions {list(at)} outside [1, {len(c) - 1}]')
+  packed = requests.pack(contexts, 1, None, vocab_size=config.vocab_size,
+                         max_total_len=config.max_position_embeddings + 1,
+                         batch_multiple=sampler.check_mesh(mesh))
+  B = packed.contexts_BxP.shape[0]
+  W = max(8, 1 << (max((len(at) for at in positions), default=1) - 1).bit_length())
+  at_BxW = np.ones((B, W), np.int32)
+  for b, at in enumerate(positions):
+    at_BxW[b, :len(at)] = at
+  log_probs_BxWxM = sampler.to_host(_log_probs_at(
+      params, sampler.to_device(packed.contexts_BxP, mesh),
+      sampler.to_device(packed.context_lengths_B, mesh), sampler.to_device(at_BxW, mesh),
+      token_ids=token_ids, config=config, mesh=mesh,
+      settings=SamplingSettings(valid_vocab_size=valid_vocab_size)), 'token_distributions_at')
+  out = []
+  for b, at in enumerate(positions):
+    p_WxM = np.exp(log_probs_BxWxM[b, :len(at)].astype(np.float64))
+    out.append((p_WxM / p_WxM.sum(-1, keepdims=True)).astype(np.float32))
+  return out
+
+
 def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarray],
                        token_ids: Sequence[int], *, renormalize: bool = False,
                        mesh: Mesh | None = None, valid_vocab_size: int = 0,
