@@ -139,7 +139,7 @@ def test_critic_update_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp
     critic_update.UpdateBenchSettings(length_groups=1)
 
 
-@pytest.mark.parametrize('layout', ['verdicts', 'lines'])
+@pytest.mark.parametrize('layout', ['verdicts', 'lines', 'recompute'])
 def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, layout):
   c = tiny_config(train_base, 'ac2')
   rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
@@ -147,26 +147,30 @@ def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_pa
                                         baseline_pairs=32, mistake_rate=0.5, rationale=layout)
   held = [next(it) for it in [critic_exact.prefixes(rt, settings, 'validation', seed=3)]
           for _ in range(8)]
-  said = critic_exact.decode_verdicts(rt, rt.critic_params(state), held, layout)
-  assert [len(v) for v in said] == [len(p.verdicts) for p in held]
-  assert any(len(v) > 1 for v in said)
-  # The fixed-point decode writes what greedy decoding, verdict after verdict, writes; on fresh
-  # weights, whose verdicts turn on the context.
+  assert any(len(p.verdicts) > 1 for p in held)
+  # The fixed-point decode writes what greedy decoding, slot after slot, writes; on fresh weights,
+  # whose choices turn on the context. The host's tokens stay as they were.
   noisy = models.init_params(rt.model_config, jax.random.key(1))
   yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
-  said = critic_exact.decode_verdicts(rt, noisy, held, layout)
-  for p, got in zip(held, said):
+  digits = [rt.tokenizer.encode(str(d))[0] for d in range(10)]
+  own = critic_exact.decode_rationale(rt, noisy, held, layout)
+  written = []
+  for p, got in zip(held, own):
     ids, at = critic_warmup.with_verdicts(rt, p, layout)
-    for k, slot in enumerate(at):
-      p_2 = sampling.token_distribution(rt.model_config, noisy, [ids[:slot]], [yes, no])[0]
-      ids[slot] = yes if p_2[0] >= p_2[1] else no
-    assert got == tuple(bool(t == yes) for t in ids[at])
-  assert len({v for s in said for v in s}) == 2  # both verdicts were written
+    assert len(got) == len(ids) and np.array_equal(np.delete(got, at), np.delete(ids, at))
+    for slot in at:
+      choices = [yes, no] if ids[slot] in (yes, no) else digits
+      p_c = sampling.token_distribution(rt.model_config, noisy, [ids[:slot]], choices)[0]
+      ids[slot] = choices[int(np.argmax(p_c))]
+    assert np.array_equal(got, ids)
+    written += got[at].tolist()
+  assert {yes, no} <= set(written)  # both verdicts were written
   curve = critic_exact.run(rt, state, settings, log=lambda *_: None)
   assert [e['pairs'] for e in curve] == [0, 16]
   for entry in curve:
     fig = entry['critic']
     assert 0.0 <= fig['verdict_accuracy'] <= 1.0 and 0.0 <= fig['wrong_lines_caught'] <= 1.0
+    assert 0.0 <= fig['result_accuracy'] <= 1.0
     assert 0.0 <= fig['oracle_mae'] <= 1.0 and 0.0 <= fig['mae'] <= 1.0
   with pytest.raises(ValueError, match='rationale'):
     critic_exact.ExactSettings(rationale='essay')

@@ -158,3 +158,15 @@ def test_exact_prefixes_carry_their_lines_verdicts(train_base, compile_cache, tm
     assert rt.tokenizer.decode(ids[positions].tolist()) == marks
     assert rt.tokenizer.decode(ids.tolist()).endswith(
         ''.join(f'{line}{m}\n' for line, m in zip(p.line_texts, marks)) + 'Q value: ')
+    # Worked out: 'a op b=r c v' per line, r the step's result from the written input a.
+    ids, positions = critic_warmup.with_verdicts(rt, p, 'recompute')
+    worked = ''
+    for line, m in zip(p.line_texts, marks):
+      step, written_result = line.split('=')
+      a, b = int(step[0]), int(step[2:])
+      r = {'+': a + b, '-': a - b, '*': a * b}[step[1]] % rt.task.settings.modulus
+      worked += f'{step}={r} {written_result}{m}\n'
+      assert (r == int(written_result)) == (m == 'y')
+    assert rt.tokenizer.decode(ids.tolist()).endswith(worked + 'Q value: ')
+    assert rt.tokenizer.decode(ids[positions].tolist()) == ''.join(
+        w.split('=')[1][0] + w[-1] for w in worked.splitlines())

@@ -66,11 +66,11 @@ class ExactSettings:
   # Stages 'cut_lines:pairs,...' (critic_warmup.parse_curriculum) instead of (cut_lines, pairs):
   # the warm-up's curriculum. Held out: prefixes at every stage's cut, read after each report.
   curriculum: str = ''
-  # 'verdicts' | 'lines': the critic writes y/n per line of the attempt before its value (a
-  # thinking critic, a departure from the paper's "Don't think"; critic_warmup.with_verdicts;
-  # 'lines' repeats each line before its verdict). Its reads decode the verdicts greedily, then
-  # read the value; the report adds the verdicts' accuracy and the reads with the true verdicts
-  # written in (oracle).
+  # 'verdicts' | 'lines' | 'recompute': the critic writes y/n per line of the attempt before its
+  # value (a thinking critic, a departure from the paper's "Don't think"; 'lines' repeats each
+  # line before its verdict, 'recompute' has the critic work each step out before judging it:
+  # critic_warmup.with_verdicts). Its reads decode its tokens greedily, then read the value; the
+  # report adds the verdicts' accuracy and the reads with the true rationale written in (oracle).
   rationale: str = ''
   seed: int = 0
 
@@ -151,45 +151,57 @@ def expected_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix],
   return probs_NxM @ np.asarray(critic_lib.GRID, np.float64)
 
 
-def decode_verdicts(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
-                    ) -> list[tuple[bool, ...]]:
-  """The critic's own verdicts on each prefix's written lines, greedy between 'y' and 'n' (the
-  rationale's other tokens are the host's): every slot read in one forward and refilled with its
-  argmax until none changes (`sampling.token_distributions_at`), at most one pass per line."""
-  yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
+def decode_rationale(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
+                     ) -> list[np.ndarray]:
+  """Each prefix's critic prompt with the rationale's critic-written tokens (`with_verdicts`
+  positions) chosen by the critic: greedy over the slot's own kind (a verdict y/n, or a digit for
+  a worked result; the host writes the rest). Every slot is read in one forward and refilled with
+  its argmax until none changes (`sampling.token_distributions_at`): what greedy decoding, slot
+  after slot, would write, in at most one pass per slot."""
+  tok = rt.tokenizer
+  verdict_ids = [critic_lib.prompt.verdict_token(tok, v) for v in (True, False)]
+  digit_ids = [tok.encode(str(d))[0] for d in range(10)]
+  candidates = verdict_ids + digit_ids
   forms = [critic_warmup.with_verdicts(rt, p, layout) for p in held]
+  # A slot's kind is its true token's: candidates[:2] for a verdict, [2:] for a digit.
+  kinds = [np.array([ids[k] in verdict_ids for k in at], bool) for ids, at in forms]
   contexts = [ids.copy() for ids, _ in forms]
-  for c, (_, at) in zip(contexts, forms):
-    c[at] = yes
+  for c, (_, at), verdict in zip(contexts, forms, kinds):
+    c[at] = np.where(verdict, verdict_ids[0], digit_ids[0])
   todo = [i for i, (_, at) in enumerate(forms) if at]
-  for _ in range(max((len(p.verdicts) for p in held), default=0) + 1):
+  for _ in range(max((len(at) for _, at in forms), default=0) + 1):
     if not todo:
       break
     probs = sampling.token_distributions_at(rt.model_config, params, [contexts[i] for i in todo],
-                                            [forms[i][1] for i in todo], [yes, no], mesh=rt.mesh)
+                                            [forms[i][1] for i in todo], candidates, mesh=rt.mesh)
     changed = []
-    for i, p_Wx2 in zip(todo, probs):
-      said = np.where(p_Wx2[:, 0] >= p_Wx2[:, 1], yes, no)
+    for i, p_WxC in zip(todo, probs):
+      said = np.where(kinds[i], np.take(verdict_ids, p_WxC[:, :2].argmax(-1)),
+                      np.take(digit_ids, p_WxC[:, 2:].argmax(-1)))
       if (contexts[i][forms[i][1]] != said).any():
         contexts[i][forms[i][1]] = said
         changed.append(i)
     todo = changed
-  return [tuple(bool(t == yes) for t in c[at]) for c, (_, at) in zip(contexts, forms)]
+  return contexts
 
 
 def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layout: str
                     ) -> tuple[np.ndarray, dict]:
-  """A verdict critic's reads (its own verdicts written, then the value read) and, beside them,
-  its verdicts' accuracy over the held-out lines and its reads with the true verdicts (oracle)."""
-  said = decode_verdicts(rt, params, held, layout)
-  own = [critic_warmup.with_verdicts(rt, dataclasses.replace(p, verdicts=v), layout)[0]
-         for p, v in zip(held, said)]
-  truth = [critic_warmup.with_verdicts(rt, p, layout)[0] for p in held]
-  pairs = [(a, b) for p, v in zip(held, said) for a, b in zip(v, p.verdicts)]
-  wrong = [a == b for a, b in pairs if not b]
-  extra = {'verdict_accuracy': float(np.mean([a == b for a, b in pairs])) if pairs else 1.0,
-           'wrong_lines_caught': float(np.mean(wrong)) if wrong else 1.0,
-           'oracle_reads': expected_reads(rt, params, held, truth)}
+  """A verdict critic's reads (its own rationale written, then the value read) and, beside them,
+  its verdicts' accuracy over the held-out lines, its worked results' ('recompute'), and its
+  reads with the true rationale written in (oracle)."""
+  own = decode_rationale(rt, params, held, layout)
+  truth = [critic_warmup.with_verdicts(rt, p, layout) for p in held]
+  yes, no = (critic_lib.prompt.verdict_token(rt.tokenizer, v) for v in (True, False))
+  said = np.concatenate([c[at] for c, (_, at) in zip(own, truth)] + [np.zeros(0, np.int32)])
+  right = np.concatenate([ids[at] for ids, at in truth] + [np.zeros(0, np.int32)])
+  verdict = np.isin(right, [yes, no])
+  wrong = right == no
+  mean = lambda x: float(np.mean(x)) if len(x) else 1.0
+  extra = {'verdict_accuracy': mean(said[verdict] == right[verdict]),
+           'wrong_lines_caught': mean(said[wrong] == no),
+           'result_accuracy': mean(said[~verdict] == right[~verdict]),
+           'oracle_reads': expected_reads(rt, params, held, [ids for ids, _ in truth])}
   return expected_reads(rt, params, held, own), extra
 
 
@@ -266,7 +278,8 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
                       f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
     verdicts = (f'  verdicts: accuracy {fig["verdict_accuracy"]:.3f}, wrong lines caught '
-                f'{fig["wrong_lines_caught"]:.3f}; with the true verdicts corr '
+                f'{fig["wrong_lines_caught"]:.3f}, worked results {fig["result_accuracy"]:.3f}; '
+                f'with the true rationale corr '
                 f'{fig["oracle_corr"]:+.3f}, MAE {fig["oracle_mae"]:.3f}'
                 if settings.rationale else '')
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '

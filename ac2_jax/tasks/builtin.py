@@ -67,7 +67,7 @@ _PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+): ((?:[+\-*]\d+ ?
 _STEP_RE = re.compile(r'([+\-*])(\d+)')
 # One worked step: previous value, the step, the new value ('11-5=6'). Writing the previous value
 # makes every step a local computation, which a small model learns in minutes.
-_LINE_RE = re.compile(r'(\d{1,4})([+\-*])(\d{1,4})=(\d{1,4})')
+LINE_RE = re.compile(r'(\d{1,4})([+\-*])(\d{1,4})=(\d{1,4})')
 _ANSWER_RE = re.compile(r'\d{1,4}')
 
 _CRITIC = ('Pause here and estimate how much credit this attempt will earn if you continue it to '
@@ -281,7 +281,7 @@ def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -
   credits = []
   written = problem.start  # the value the solver wrote last
   for i, step in enumerate(problem.step_strings()):
-    m = _LINE_RE.fullmatch(lines[i]) if i < len(lines) else None
+    m = LINE_RE.fullmatch(lines[i]) if i < len(lines) else None
     if m is None:
       credits.extend([False] * (problem.steps - i))
       break
@@ -343,7 +343,7 @@ def beside_reference(reference: str, response: str) -> str:
   """
   attempt = thinking_lines(response)
   lines = [line.strip() for line in reference.strip().split('\n') if line.strip()]
-  return '\n'.join(f'{attempt[i]} {line}' if i < len(attempt) and _LINE_RE.fullmatch(line)
+  return '\n'.join(f'{attempt[i]} {line}' if i < len(attempt) and LINE_RE.fullmatch(line)
                    else line for i, line in enumerate(lines))
 
 

@@ -100,6 +100,7 @@ class ExactPrefix:
                                 # walk (moves left, number reached)
   verdicts: tuple[bool, ...] = ()  # chain: each written line locally right (a rationale's targets)
   line_texts: tuple[str, ...] = ()  # chain: the written lines
+  line_results: tuple[int, ...] = ()  # chain: each line's step worked out from its written input
 
 
 def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rate: float = 0.3,
@@ -159,7 +160,8 @@ def exact_prefixes(rt, split: str, seed: int, *, cut_lines: int = 0, mistake_rat
       value = state / 10 if labels == 'state' else state_lines_value(state, lines[0])
     else:
       value = corpus.value(problem, solution, text)
-    yield ExactPrefix(context, float(value), lines, verdicts, line_texts)
+    yield ExactPrefix(context, float(value), lines, verdicts, line_texts,
+                      line_results(problem, line_texts) if chain else ())
 
 
 def line_verdicts(problem, response_text: str, written: int) -> tuple[bool, ...]:
@@ -197,18 +199,51 @@ class _Record:
 
 
 # '' (the paper's critic: the value alone), 'verdicts' (y/n per line, then the value), 'lines'
-# (each line repeated by the host, the critic's y/n after it, then the value).
-RATIONALES = ('', 'verdicts', 'lines')
+# (each line repeated by the host, the critic's y/n after it, then the value), 'recompute' (per
+# line the critic works the line's step out itself, then judges the written result against it).
+RATIONALES = ('', 'verdicts', 'lines', 'recompute')
 
 
 def with_verdicts(rt, prefix: ExactPrefix, layout: str = 'verdicts'
                   ) -> tuple[np.ndarray, list[int]]:
-  """The prefix's critic prompt with its true verdicts written before the value (teacher-forced;
-  `layout` 'verdicts' or 'lines', `critic.verdict_rationale`), and the verdicts' positions."""
-  lines = prefix.line_texts if layout == 'lines' else None
-  rationale, offsets = critic_lib.verdict_rationale(rt.tokenizer, prefix.verdicts, lines)
+  """The prefix's critic prompt with its true rationale written before the value (teacher-forced;
+  `layout` one of RATIONALES), and the positions of the tokens the critic writes in it."""
+  if layout == 'recompute':
+    rationale, offsets = recompute_rationale(rt.tokenizer, prefix)
+  else:
+    lines = prefix.line_texts if layout == 'lines' else None
+    rationale, offsets = critic_lib.verdict_rationale(rt.tokenizer, prefix.verdicts, lines)
   ids, start = critic_lib.with_rationale(rt.tokenizer, prefix.context, rationale)
   return np.asarray(ids, np.int32), [start + o for o in offsets]
+
+
+def recompute_rationale(tok, prefix: ExactPrefix) -> tuple[list[int], list[int]]:
+  """Per written line 'a op b=c', the rationale line 'a op b=r c v': the host writes the step as
+  the attempt wrote it, the critic its own result r (what the policy writes there: a skill it has),
+  the host the attempt's result c, the critic its verdict v (r = c: a comparison of neighbours).
+  Returns (ids, offsets of r and v)."""
+  ids, offsets = [], []
+  for line, result, verdict in zip(prefix.line_texts, prefix.line_results, prefix.verdicts):
+    step, _, written = line.partition('=')
+    ids += tok.encode(step + '=')
+    offsets.append(len(ids))
+    ids += tok.encode(str(result))
+    ids += tok.encode(' ' + written)
+    offsets.append(len(ids))
+    ids.append(critic_lib.prompt.verdict_token(tok, verdict))
+    ids += tok.encode('\n')
+  return ids, offsets
+
+
+def line_results(problem, line_texts) -> tuple[int, ...]:
+  """Each chain line's step worked out from the input it wrote ('5*2=0' -> 5*2 mod p = 3)."""
+  results = []
+  for i, line in enumerate(line_texts):
+    m = builtin.LINE_RE.fullmatch(line)
+    if m is None:
+      raise ValueError(f'not a chain line: {line!r}')
+    results.append(problem.apply(i, int(m.group(1))))
+  return tuple(results)
 
 
 def train(rt, state, settings: WarmupSettings, *, labels: str = 'value', rationale: str = '',
