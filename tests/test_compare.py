@@ -252,3 +252,17 @@ def test_a_signal_stops_the_whole_comparison(train_base, tmp_path):
   lines = []
   report = compare.compare(settings, log=lines.append)
   assert 'table' in report and any('resumed from step 1' in line for line in lines), lines
+
+
+def test_a_run_written_before_a_key_existed_is_read_with_its_old_value(tmp_path):
+  """`evaluate.py` on a run stored before `critic.target` (and the `rollout` section) existed: the
+  key takes the value that reproduces the run, the section its defaults; stored values stay."""
+  from ac2_jax.train import defaults, run_record
+  stored = defaults.base_config().to_dict()
+  del stored['critic']['target'], stored['rollout']
+  stored['critic']['adapter_rank'] = 16
+  (tmp_path / 'config.json').write_text(json.dumps(stored))
+  c = checkpoint_eval.run_config(str(tmp_path))
+  assert c.critic.target == run_record.ADDED_KEYS['critic.target'] == 'rounded'
+  assert c.rollout.to_dict() == defaults.base_config().rollout.to_dict()
+  assert c.critic.adapter_rank == 16

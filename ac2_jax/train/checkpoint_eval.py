@@ -21,7 +21,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from ac2_jax.train import checkpointing, eval_stats, experiment
+from ac2_jax.train import checkpointing, eval_stats, experiment, run_record
+from ac2_jax.train import defaults as defaults_lib
 from ac2_jax.train.evaluation import sample_scores
 
 CORRECT_SCORE = 1.0  # full marks
@@ -54,9 +55,21 @@ def resolve(path: str) -> Source:
 
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run was trained with (its workdir's config.json)."""
+  """The config a run was trained with (its workdir's config.json). A key added since the run was
+  written takes the value that reproduces it (`run_record.ADDED_KEYS`), a section added since
+  takes its defaults, so that today's code evaluates yesterday's runs."""
   with open(os.path.join(workdir, 'config.json')) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    stored = json.load(f)
+  defaults = run_record.flatten(defaults_lib.base_config().to_dict())
+  have = run_record.flatten(stored)
+  for key in sorted(set(defaults) - set(have)):
+    if key in run_record.ADDED_KEYS or key.startswith(run_record.ADDED_SECTIONS):
+      node = stored
+      *path, leaf = key.split('.')
+      for part in path:
+        node = node.setdefault(part, {})
+      node[leaf] = run_record.ADDED_KEYS.get(key, defaults[key])
+  return ml_collections.ConfigDict(stored)
 
 
 def restore_run_state(source: Source, c: ml_collections.ConfigDict, state):
