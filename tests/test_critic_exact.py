@@ -87,7 +87,7 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
     assert 0.0 <= fig['mae'] <= 1.0 and fig['spread'] >= 0.0 and -1.0 <= fig['corr'] <= 1.0
   # The lookup by (lines written, lines credited) can only beat the one by lines written alone
   # on its own training table; on held-out prefixes it may not, but both are real figures.
-  assert set(curve[0]) >= {'lookup', 'position', 'linear'}
+  assert set(curve[0]) >= {'lookup', 'position', 'linear', 'self'}
   assert curve[0]['lookup']['mae_constant'] == curve[0]['critic']['mae_constant']
   # A curriculum: held out at the last stage's cut, and at each earlier stage's cut beside it.
   staged = dataclasses.replace(settings, curriculum='1:16,0:16')
@@ -165,6 +165,15 @@ def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_pa
     assert np.array_equal(got, ids)
     written += got[at].tolist()
   assert {yes, no} <= set(written)  # both verdicts were written
+  # The self baseline's count: lines whose written result is the policy's greedy digit there,
+  # each read on the context cut just before it.
+  counts = critic_exact.self_checks(rt, noisy, held)
+  equals = rt.tokenizer.encode('=')[0]
+  for p, count in zip(held, counts):
+    at = [i + 1 for i, t in enumerate(p.context.tolist()) if t == equals][:p.lines[0]]
+    by_hand = sum(digits[int(np.argmax(sampling.token_distribution(
+        rt.model_config, noisy, [p.context[:i]], digits)[0]))] == p.context[i] for i in at)
+    assert count == by_hand <= p.lines[0]
   curve = critic_exact.run(rt, state, settings, log=lambda *_: None)
   assert [e['pairs'] for e in curve] == [0, 16]
   for entry in curve:

@@ -205,6 +205,28 @@ def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layou
   return expected_reads(rt, params, held, own), extra
 
 
+def self_checks(rt, params, prefixes: Sequence[critic_warmup.ExactPrefix]) -> list[int]:
+  """How many of each chain prefix's written lines the policy itself would have written: its
+  greedy digit at each line's result, read in the attempt's own context (the start of the critic
+  prompt), equals the written one. With the lines written, what the policy's generation already
+  knows about a prefix's value: the `self` baseline."""
+  tok = rt.tokenizer
+  digits = [tok.encode(str(d))[0] for d in range(10)]
+  equals, think_close = tok.encode('=')[0], tok.token_id('</think>')
+  positions = []
+  for p in prefixes:
+    attempt = p.context[:int(np.argmax(p.context == think_close))]
+    positions.append((np.flatnonzero(attempt == equals) + 1)[:p.lines[0]].tolist())
+  has = [i for i, at in enumerate(positions) if at]
+  probs = sampling.token_distributions_at(rt.model_config, params, [prefixes[i].context for i in has],
+                                          [positions[i] for i in has], digits, mesh=rt.mesh)
+  counts = [0] * len(prefixes)
+  for i, p_WxD in zip(has, probs):
+    counts[i] = int(sum(digits[int(d)] == prefixes[i].context[at]
+                        for d, at in zip(p_WxD.argmax(-1), positions[i])))
+  return counts
+
+
 def last_hidden(rt, params, contexts: Sequence[np.ndarray], rows: int = 64) -> np.ndarray:
   """The final (normed) hidden state at each context's last position, float64 [N, E]."""
   forward = jax.jit(lambda p, t, n: models.forward(rt.model_config, p, t, lengths_B=n,
@@ -255,6 +277,11 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
                        np.array([p.value for p in base_set]),
                        last_hidden(rt, state.params, [p.context for p in held]))
   base_figs['linear'] = figures(linear, held, constant)
+  if all(len(p.verdicts) == p.lines[0] for p in base_set + held):  # the chain: lines to check
+    checked = self_checks(rt, state.params, base_set + held)
+    key = dict(zip(map(id, base_set + held), checked))
+    table = _table_baseline(base_set, lambda p: (p.lines[0], key[id(p)]))
+    base_figs['self'] = figures(np.array([table(p) for p in held]), held, constant)
   curve, start = [], time.time()
 
   def read(params, h):
@@ -274,7 +301,8 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     curve.append(entry)
     if on_report is not None:
       on_report(curve)
-    corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear'))
+    corrs = ', '.join(f'{k} {base_figs[k]["corr"]:+.3f}' for k in ('lookup', 'position', 'linear',
+                                                                    'self') if k in base_figs)
     earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
                       f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
     verdicts = (f'  verdicts: accuracy {fig["verdict_accuracy"]:.3f}, wrong lines caught '
