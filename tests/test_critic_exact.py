@@ -139,7 +139,7 @@ def test_critic_update_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp
     critic_update.UpdateBenchSettings(length_groups=1)
 
 
-@pytest.mark.parametrize('layout', ['verdicts', 'lines', 'recompute'])
+@pytest.mark.parametrize('layout', ['verdicts', 'lines', 'recompute', 'inline'])
 def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, layout):
   c = tiny_config(train_base, 'ac2')
   rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)

@@ -158,6 +158,12 @@ def test_exact_prefixes_carry_their_lines_verdicts(train_base, compile_cache, tm
     assert rt.tokenizer.decode(ids[positions].tolist()) == marks
     assert rt.tokenizer.decode(ids.tolist()).endswith(
         ''.join(f'{line}{m}\n' for line, m in zip(p.line_texts, marks)) + 'Q value: ')
+    # Inline: each verdict inside the attempt, after its line's result; the prompt otherwise kept.
+    ids, positions = critic_warmup.with_verdicts(rt, p, 'inline')
+    assert rt.tokenizer.decode(ids[positions].tolist()) == marks
+    assert np.array_equal(np.delete(ids, positions), p.context)
+    assert ''.join(f'{line}{m}\n' for line, m in zip(p.line_texts, marks)) in (
+        rt.tokenizer.decode(ids.tolist()))
     # Worked out: 'a op b=r c v' per line, r the step's result from the written input a.
     ids, positions = critic_warmup.with_verdicts(rt, p, 'recompute')
     worked = ''

@@ -200,14 +200,18 @@ class _Record:
 
 # '' (the paper's critic: the value alone), 'verdicts' (y/n per line, then the value), 'lines'
 # (each line repeated by the host, the critic's y/n after it, then the value), 'recompute' (per
-# line the critic works the line's step out itself, then judges the written result against it).
-RATIONALES = ('', 'verdicts', 'lines', 'recompute')
+# line the critic works the line's step out itself, then judges the written result against it),
+# 'inline' (the critic's y/n inside the attempt, right after each line's result: where the
+# policy's own forward computes that result).
+RATIONALES = ('', 'verdicts', 'lines', 'recompute', 'inline')
 
 
 def with_verdicts(rt, prefix: ExactPrefix, layout: str = 'verdicts'
                   ) -> tuple[np.ndarray, list[int]]:
   """The prefix's critic prompt with its true rationale written before the value (teacher-forced;
   `layout` one of RATIONALES), and the positions of the tokens the critic writes in it."""
+  if layout == 'inline':
+    return inline_verdicts(rt.tokenizer, prefix)
   if layout == 'recompute':
     rationale, offsets = recompute_rationale(rt.tokenizer, prefix)
   else:
@@ -215,6 +219,23 @@ def with_verdicts(rt, prefix: ExactPrefix, layout: str = 'verdicts'
     rationale, offsets = critic_lib.verdict_rationale(rt.tokenizer, prefix.verdicts, lines)
   ids, start = critic_lib.with_rationale(rt.tokenizer, prefix.context, rationale)
   return np.asarray(ids, np.int32), [start + o for o in offsets]
+
+
+def inline_verdicts(tok, prefix: ExactPrefix) -> tuple[np.ndarray, list[int]]:
+  """The critic prompt with a verdict token after each written line's result, before its line
+  break, inside the attempt (its lines are the first '=' ... '\n' spans of the prompt), and the
+  verdicts' positions."""
+  context = prefix.context.tolist()
+  equals, line_break = tok.encode('=')[0], tok.encode('\n')[-1]
+  ids, positions, i = [], [], 0
+  for verdict in prefix.verdicts:
+    i = context.index(equals, i)
+    i = context.index(line_break, i)
+    ids += context[len(ids) - len(positions):i]
+    positions.append(len(ids))
+    ids.append(critic_lib.prompt.verdict_token(tok, verdict))
+  ids += context[len(ids) - len(positions):]
+  return np.asarray(ids, np.int32), positions
 
 
 def recompute_rationale(tok, prefix: ExactPrefix) -> tuple[list[int], list[int]]:
