@@ -66,9 +66,10 @@ class ExactSettings:
   # Stages 'cut_lines:pairs,...' (critic_warmup.parse_curriculum) instead of (cut_lines, pairs):
   # the warm-up's curriculum. Held out: prefixes at every stage's cut, read after each report.
   curriculum: str = ''
-  # 'verdicts' | 'lines' | 'recompute': the critic writes y/n per line of the attempt before its
-  # value (a thinking critic, a departure from the paper's "Don't think"; 'lines' repeats each
-  # line before its verdict, 'recompute' has the critic work each step out before judging it:
+  # 'verdicts' | 'lines' | 'recompute' | 'inline': the critic writes y/n per line of the attempt
+  # before its value (a thinking critic, a departure from the paper's "Don't think"; 'lines'
+  # repeats each line before its verdict, 'recompute' has the critic work each step out before
+  # judging it, 'inline' puts the verdict inside the attempt after each result:
   # critic_warmup.with_verdicts). Its reads decode its tokens greedily, then read the value; the
   # report adds the verdicts' accuracy and the reads with the true rationale written in (oracle).
   rationale: str = ''

@@ -240,8 +240,10 @@ def inline_verdicts(tok, prefix: ExactPrefix) -> tuple[np.ndarray, list[int]]:
 
 def recompute_rationale(tok, prefix: ExactPrefix) -> tuple[list[int], list[int]]:
   """Per written line 'a op b=c', the rationale line 'a op b=r c v': the host writes the step as
-  the attempt wrote it, the critic its own result r (what the policy writes there: a skill it has),
-  the host the attempt's result c, the critic its verdict v (r = c: a comparison of neighbours).
+  the attempt wrote it, the critic its own result r (what the policy writes after 'a op b=' in its
+  own reasoning; measured in the critic's reply, the warm start gets 39% right: BENCHMARKS.md,
+  "Session 20"), the host the attempt's result c, the critic its verdict v (r = c: a comparison of
+  neighbours).
   Returns (ids, offsets of r and v)."""
   ids, offsets = [], []
   for line, result, verdict in zip(prefix.line_texts, prefix.line_results, prefix.verdicts):
