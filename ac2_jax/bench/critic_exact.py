@@ -201,7 +201,8 @@ def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layou
   mean = lambda x: float(np.mean(x)) if len(x) else 1.0
   extra = {'verdict_accuracy': mean(said[verdict] == right[verdict]),
            'wrong_lines_caught': mean(said[wrong] == no),
-           'result_accuracy': mean(said[~verdict] == right[~verdict]),
+           'result_accuracy': (mean(said[~verdict] == right[~verdict]) if (~verdict).any()
+                               else None),  # None: the layout has no worked results
            'oracle_reads': expected_reads(rt, params, held, [ids for ids, _ in truth])}
   return expected_reads(rt, params, held, own), extra
 
@@ -306,11 +307,13 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
                                                                     'self') if k in base_figs)
     earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
                       f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
-    verdicts = (f'  verdicts: accuracy {fig["verdict_accuracy"]:.3f}, wrong lines caught '
-                f'{fig["wrong_lines_caught"]:.3f}, worked results {fig["result_accuracy"]:.3f}; '
-                f'with the true rationale corr '
-                f'{fig["oracle_corr"]:+.3f}, MAE {fig["oracle_mae"]:.3f}'
-                if settings.rationale else '')
+    verdicts = ''
+    if settings.rationale:
+      worked = ('' if fig['result_accuracy'] is None
+                else f', worked results {fig["result_accuracy"]:.3f}')
+      verdicts = (f'  verdicts: accuracy {fig["verdict_accuracy"]:.3f}, wrong lines caught '
+                  f'{fig["wrong_lines_caught"]:.3f}{worked}; with the true rationale corr '
+                  f'{fig["oracle_corr"]:+.3f}, MAE {fig["oracle_mae"]:.3f}')
     log(f'pairs {done:6d} ({entry["seconds"]:6.1f}s)  critic MAE {fig["mae"]:.3f} (constant '
         f'{fig["mae_constant"]:.3f}, lookup {base_figs["lookup"]["mae"]:.3f})  corr '
         f'{fig["corr"]:+.3f} ({corrs}; within a position {fig["corr_within"]:+.3f}, lookup '
