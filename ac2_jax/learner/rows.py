@@ -267,7 +267,7 @@ def _critic_batch(rt: Runtime, contexts, targets, weights, uppers=None, rational
     fields['rationale_mask_BxT'] = np.zeros((B, T), np.float32)
     for b, positions in enumerate(rationales):
       fields['rationale_mask_BxT'][b, list(positions)] = 1.0
-    # A power-of-two window: one compiled shape per bucket, not per widest rationale.
-    widest = max((max(p) - min(p) + 1 for p in rationales if len(p)), default=1)
-    fields['rationale_width'] = max(8, 1 << (widest - 1).bit_length())
+    # A bucketed window: one compiled shape per bucket, not per widest rationale.
+    fields['rationale_width'] = sampling.bucket(
+        max((max(p) - min(p) + 1 for p in rationales if len(p)), default=1), 8)
   return rt.put_batch(updates.CriticBatch(tokens, mask, weights_B, **fields))

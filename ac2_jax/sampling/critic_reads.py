@@ -45,17 +45,6 @@ def greedy_decode(config: ModelConfig, params, contexts: Sequence[np.ndarray], *
 # The token ids are static (a critic's value grid: one set per run), so they are constants of the
 # program rather than an upload per call.
 @functools.partial(jax.jit, static_argnames=('token_ids', 'config', 'mesh', 'settings'))
-def _next_token_log_probs(params, contexts_BxP, lengths_B, *, token_ids: tuple[int, ...],
-                          config: ModelConfig, mesh: Mesh | None, settings: SamplingSettings):
-  if mesh is not None:
-    contexts_BxP = decode.constrain(contexts_BxP, mesh, P(decode.BATCH_AXES, None))
-  hidden_BxPxE, _ = qwen3.forward(config, params, contexts_BxP, lengths_B=lengths_B,
-                                  output='hidden')
-  logits_BxV = qwen3.head_logits(config, params, decode.last_hidden(hidden_BxPxE, lengths_B))
-  return distribution.sampling_log_probs(logits_BxV, settings)[:, jnp.asarray(token_ids)]
-
-
-@functools.partial(jax.jit, static_argnames=('token_ids', 'config', 'mesh', 'settings'))
 def _log_probs_at(params, contexts_BxP, lengths_B, at_BxW, *, token_ids: tuple[int, ...],
                   config: ModelConfig, mesh: Mesh | None, settings: SamplingSettings):
   if mesh is not None:
@@ -91,7 +80,7 @@ def token_distributions_at(config: ModelConfig, params, contexts: Sequence[np.nd
                          max_total_len=config.max_position_embeddings + 1,
                          batch_multiple=sampler.check_mesh(mesh))
   B = packed.contexts_BxP.shape[0]
-  W = max(8, 1 << (max((len(at) for at in positions), default=1) - 1).bit_length())
+  W = requests.bucket(max((len(at) for at in positions), default=1), 8)
   at_BxW = np.ones((B, W), np.int32)
   for b, at in enumerate(positions):
     at_BxW[b, :len(at)] = at
@@ -141,11 +130,14 @@ def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarra
   packed = requests.pack(contexts, 1, None, vocab_size=config.vocab_size,
                          max_total_len=config.max_position_embeddings + 1,
                          batch_multiple=sampler.check_mesh(mesh))
-  log_probs_BxM = _next_token_log_probs(
-      params, sampler.to_device(packed.contexts_BxP, mesh),
-      sampler.to_device(packed.context_lengths_B, mesh), token_ids=tuple(token_ids),
-      config=config, mesh=mesh, settings=SamplingSettings(valid_vocab_size=valid_vocab_size))
-  log_probs_BxM = sampler.to_host(log_probs_BxM, 'token_distribution')
+  # The next token is read at each context's end: position length, predicted from length - 1.
+  lengths_B = packed.context_lengths_B
+  log_probs_Bx1xM = _log_probs_at(
+      params, sampler.to_device(packed.contexts_BxP, mesh), sampler.to_device(lengths_B, mesh),
+      sampler.to_device(lengths_B[:, None], mesh),
+      token_ids=tuple(token_ids), config=config, mesh=mesh,
+      settings=SamplingSettings(valid_vocab_size=valid_vocab_size))
+  log_probs_BxM = sampler.to_host(log_probs_Bx1xM, 'token_distribution')[:, 0]
   probs_NxM = np.exp(log_probs_BxM[:packed.num_rows].astype(np.float64))
   if renormalize:
     probs_NxM = probs_NxM / probs_NxM.sum(axis=-1, keepdims=True)
