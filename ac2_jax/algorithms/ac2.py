@@ -342,8 +342,12 @@ class AC2(base.Algorithm):
         ends = self.controller.chunk_end_batch(step, self._chunk_ends(data), fits)
         records += ends.records
         counts['chunk_end_pairs'] = ends.num_pairs
-      device_batch = rows_lib.critic_records_batch(rt, [contexts[id(r)] for r in records],
-                                                   records)
+      checked = rows_lib.self_checked(rt, rt.critic_params(state) if rt.critic_self_check
+                                      else None, [contexts[id(r)] for r in records])
+      kept = [i for i, c in enumerate(checked) if c is not None]
+      counts['skipped_context'] += len(records) - len(kept)
+      device_batch = rows_lib.critic_records_batch(rt, [checked[i] for i in kept],
+                                                   [records[i] for i in kept])
       if device_batch is not None:
         state, metrics = rt.critic_step(state, device_batch, lr)
         updates.append(metrics)

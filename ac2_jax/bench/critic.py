@@ -261,16 +261,20 @@ def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, cons
   return critic_fig, lookup_fig
 
 
-def _batch(rt, records_batch, records: Sequence[_Record], contexts=None):
-  """A critic batch of records; `contexts` when their critic prompts are built already."""
+def _batch(rt, state, records_batch, records: Sequence[_Record], contexts=None):
+  """A critic batch of records; `contexts` when their critic prompts are built already (each is
+  self-checked by the critic of `state` when the run's is: `rollouts.self_checked`)."""
   if contexts is None:
     contexts = [rt.critic_context(rt.prompt_ids_by_id[r.problem_id], r.prefix_tokens_P,
                                   r.reference) for r in records]
+  if rt.critic_self_check:
+    from ac2_jax.learner import rows as rollouts
+    contexts = rollouts.self_checked(rt, rt.critic_params(state), contexts)
   keep = [i for i, c in enumerate(contexts) if c is not None]
   return records_batch(rt, [contexts[i] for i in keep], [records[i] for i in keep])
 
 
-def _corpus_batch(rt, records_batch, corpus, n: int):
+def _corpus_batch(rt, state, records_batch, corpus, n: int):
   """A critic batch of n (context ids, value target ids) pairs from the warm-up corpus."""
   contexts, records = [], []
   for _ in range(n):
@@ -278,7 +282,7 @@ def _corpus_batch(rt, records_batch, corpus, n: int):
     value = critic_lib.parse_value(rt.tokenizer.decode(target[:-1].tolist()))
     contexts.append(context)
     records.append(_Record('', context[:0], None, value, 1.0))
-  return _batch(rt, records_batch, records, contexts)
+  return _batch(rt, state, records_batch, records, contexts)
 
 
 def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[ProbePrefix],
@@ -325,11 +329,11 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
   while done < total:
     if corpus is not None and done < settings.corpus_pairs:
       n = settings.pairs_per_update
-      batch = _corpus_batch(rt, records_batch, corpus, n)
+      batch = _corpus_batch(rt, state, records_batch, corpus, n)
     else:
       take = rng.choice(len(records), min(settings.pairs_per_update, len(records)), replace=False)
       n = len(take)
-      batch = _batch(rt, records_batch, [records[i] for i in take])
+      batch = _batch(rt, state, records_batch, [records[i] for i in take])
     state, _ = rt.critic_step(state, batch, lr)
     done += n
     if done // settings.eval_every != (done - n) // settings.eval_every:

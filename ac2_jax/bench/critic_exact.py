@@ -44,6 +44,7 @@ from ac2_jax import critic as critic_lib
 from ac2_jax import models
 from ac2_jax import sampling
 from ac2_jax.bench import critic as probe
+from ac2_jax.learner import rows as rollouts
 from ac2_jax.train import critic_warmup
 
 LABELS = critic_warmup.LABELS
@@ -209,24 +210,23 @@ def rationale_reads(rt, params, held: Sequence[critic_warmup.ExactPrefix], layou
 
 def self_checks(rt, params, prefixes: Sequence[critic_warmup.ExactPrefix]) -> list[int]:
   """How many of each chain prefix's written lines the policy itself would have written: its
-  greedy digit at each line's result, read in the attempt's own context (the start of the critic
-  prompt), equals the written one. With the lines written, what the policy's generation already
-  knows about a prefix's value: the `self` baseline."""
-  tok = rt.tokenizer
-  digits = [tok.encode(str(d))[0] for d in range(10)]
-  equals, think_close = tok.encode('=')[0], tok.token_id('</think>')
-  positions = []
-  for p in prefixes:
-    attempt = p.context[:int(np.argmax(p.context == think_close))]
-    positions.append((np.flatnonzero(attempt == equals) + 1)[:p.lines[0]].tolist())
-  has = [i for i, at in enumerate(positions) if at]
-  probs = sampling.token_distributions_at(rt.model_config, params, [prefixes[i].context for i in has],
-                                          [positions[i] for i in has], digits, mesh=rt.mesh)
-  counts = [0] * len(prefixes)
-  for i, p_WxD in zip(has, probs):
-    counts[i] = int(sum(digits[int(d)] == prefixes[i].context[at]
-                        for d, at in zip(p_WxD.argmax(-1), positions[i])))
-  return counts
+  greedy digits at each line's result, read in the attempt's own context (the start of the critic
+  prompt), are the written ones (`rows.self_check_verdicts`). With the lines written, what the
+  policy's generation already knows about a prefix's value: the `self` baseline."""
+  return [sum(verdicts) for _, verdicts in
+          rollouts.self_check_verdicts(rt, params, [p.context for p in prefixes])]
+
+
+def self_check_accuracy(rt, params, prefixes: Sequence[critic_warmup.ExactPrefix]) -> float:
+  """The share of the prefixes' written lines whose self-check verdict (`critic.self_check`,
+  read with `params`) is the line's local check."""
+  said, right = [], []
+  for p, (_, verdicts) in zip(prefixes, rollouts.self_check_verdicts(
+      rt, params, [p.context for p in prefixes])):
+    if len(verdicts) == len(p.verdicts):
+      said += verdicts
+      right += p.verdicts
+  return float(np.mean(np.array(said) == np.array(right))) if said else float('nan')
 
 
 def last_hidden(rt, params, contexts: Sequence[np.ndarray], rows: int = 64) -> np.ndarray:
@@ -260,6 +260,8 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   """Trains the critic alone on exact-valued corpus prefixes (`critic_warmup.train`: the stages of
   `settings.stages()`); evaluates on held-out problems, cut as the last stage cuts (the baselines'
   figures too) and as each earlier stage cuts (`by_cut`: the critic's figures alone)."""
+  if rt.critic_self_check and settings.rationale:
+    raise ValueError('critic.self_check marks the lines itself: run it without --rationale')
   stages = settings.stages()
   final_cut = stages[-1][0] if stages else settings.cut_lines
   cuts = sorted({cut for cut, _ in stages} - {final_cut})
@@ -287,6 +289,10 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   curve, start = [], time.time()
 
   def read(params, h):
+    if rt.critic_self_check:  # the prompts as the run's critic reads them
+      checked = rollouts.self_checked(rt, params, [p.context for p in h])
+      return {**figures(expected_reads(rt, params, h, checked), h, constant),
+              'self_check_accuracy': self_check_accuracy(rt, params, h)}
     if not settings.rationale:
       return figures(expected_reads(rt, params, h), h, constant)
     reads, extra = rationale_reads(rt, params, h, settings.rationale)
@@ -308,6 +314,8 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     earlier = ''.join(f'  [cut_lines={cut}: corr {f["corr"]:+.3f} (within {f["corr_within"]:+.3f}),'
                       f' MAE {f["mae"]:.3f}]' for cut, f in by_cut.items())
     verdicts = ''
+    if 'self_check_accuracy' in fig:
+      verdicts = f'  self-check verdicts right {fig["self_check_accuracy"]:.3f}'
     if settings.rationale:
       worked = ('' if fig['result_accuracy'] is None
                 else f', worked results {fig["result_accuracy"]:.3f}')

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ac2_jax import critic, sampling
+from ac2_jax.critic import self_check
 from ac2_jax.learner import updates
 from ac2_jax.learner.runtime import Runtime
 from ac2_jax.rl import critic_loss, flops
@@ -116,6 +117,50 @@ def response_texts(rt: Runtime, rows: Sequence[Row]) -> list[str]:
           for r in rows]
 
 
+def self_check_verdicts(rt: Runtime, params, contexts: Sequence[np.ndarray]
+                       ) -> list[tuple[list[tuple[int, int]], list[bool]]]:
+  """Per critic prompt, its lines' result spans and the policy's own check of each
+  (`critic.self_check`): one forward reads the greedy digit at every written result."""
+  tok = rt.tokenizer
+  digits = self_check.digit_ids(tok)
+  spans = [self_check.result_spans(tok, c) for c in contexts]
+  todo = [i for i, s in enumerate(spans) if s]
+  probs = (sampling.token_distributions_at(
+      rt.model_config, params, [contexts[i] for i in todo],
+      [[p for first, end in spans[i] for p in range(first, end)] for i in todo], digits,
+      mesh=rt.mesh, valid_vocab_size=rt.valid_vocab_size) if todo else [])
+  out = [(s, []) for s in spans]
+  for i, p_WxD in zip(todo, probs):
+    out[i] = (spans[i], self_check.verdicts_from(contexts[i], spans[i],
+                                                 np.take(digits, p_WxD.argmax(-1))))
+  return out
+
+
+def self_checked(rt: Runtime, params, contexts: Sequence[np.ndarray | None]
+                 ) -> list[np.ndarray | None]:
+  """The critic prompts as the critic reads and trains on them: with `rt.critic_self_check`, each
+  worked line marked with the policy's own check (critic/self_check.py; None where the marked
+  prompt no longer fits, as for `rt.critic_context`), else as they are."""
+  if not rt.critic_self_check:
+    return list(contexts)
+  fits = [i for i, c in enumerate(contexts) if c is not None]
+  out = list(contexts)
+  for i, (spans, verdicts) in zip(fits, self_check_verdicts(rt, params,
+                                                            [contexts[i] for i in fits])):
+    ids, _ = self_check.with_verdicts(rt.tokenizer, contexts[i], spans, verdicts)
+    out[i] = ids if len(ids) + sampling.MAX_VALUE_TOKENS <= rt.max_total_len else None
+  return out
+
+
+def critic_contexts(rt: Runtime, params, prompts: Sequence[np.ndarray],
+                    responses: Sequence[np.ndarray], references: Sequence[str | None]
+                    ) -> list[np.ndarray | None]:
+  """The critic prompt of each (prompt, response, reference), self-checked when the run's critic
+  is (`self_checked`); None where it does not fit."""
+  return self_checked(rt, params, [rt.critic_context(p, r, ref)
+                                   for p, r, ref in zip(prompts, responses, references)])
+
+
 def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
                  responses: Sequence[np.ndarray], references: Sequence[str | None]
                  ) -> list[float | None]:
@@ -123,7 +168,7 @@ def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
   also when the critic prompt does not fit)."""
   if not prompts:
     return []
-  contexts = [rt.critic_context(p, r, ref) for p, r, ref in zip(prompts, responses, references)]
+  contexts = critic_contexts(rt, params, prompts, responses, references)
   fits = [c for c in contexts if c is not None]
   replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
                                         stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
@@ -158,7 +203,7 @@ def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
       raise ValueError(f'critic readout "expectation" needs every grid value to be one token; '
                        f'{critic.format_value(value)!r} is {len(ids)} tokens in this tokenizer')
     grid_ids.append(ids[0])
-  contexts = [rt.critic_context(p, r, ref) for p, r, ref in zip(prompts, responses, references)]
+  contexts = critic_contexts(rt, params, prompts, responses, references)
   fits = [c for c in contexts if c is not None]
   probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh,
                                            valid_vocab_size=rt.valid_vocab_size)

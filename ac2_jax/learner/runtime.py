@@ -74,6 +74,8 @@ class Runtime:
   critic_step: Callable          # (state, CriticBatch, lr) -> (state, metrics)
   critic_readout: str = 'greedy'  # how a critic value is read (learner.rows.READOUTS)
   critic_target: str = 'rounded'  # how a critic target becomes tokens (critic.TARGETS)
+  # The critic reads each worked line marked with the policy's own check (critic/self_check.py).
+  critic_self_check: bool = False
   # (state) -> the weights the critic reads with: the policy's, or W + A B with an adapter.
   critic_params: Callable = critic_adapter.critic_params
   # The separate value-head critic (learner/value_critic.py), when the state carries one.
@@ -119,7 +121,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                   eval_sampling: sampling.SamplingSettings, max_total_len: int,
                   max_sample_batch: int, actor_minibatches: int,
                   state: state_lib.TrainState, critic_readout: str = 'greedy',
-                  critic_target: str = 'rounded',
+                  critic_target: str = 'rounded', critic_self_check: bool = False,
                   value_settings: value_critic.ValueSettings | None = None,
                   train_problems: int = 0, rollout_mesh: Mesh | None = None) -> Runtime:
   """The runtime, with the actor and critic steps jitted for `state`'s shardings; with
@@ -180,7 +182,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       val_prompts=prompts(val_records),
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
       actor_step=jit(updates.actor_update), critic_step=critic_step,
-      critic_readout=critic_readout, critic_target=critic_target, critic_params=critic_params,
+      critic_readout=critic_readout, critic_target=critic_target,
+      critic_self_check=critic_self_check, critic_params=critic_params,
       value_settings=value_settings,
       rollout_mesh=rollout_mesh,
       **value_fns)

@@ -292,7 +292,12 @@ def train(rt, state, settings: WarmupSettings, *, labels: str = 'value', rationa
         contexts, spans = zip(*(with_verdicts(rt, p, rationale) for p in batch))
         device_batch = rows.critic_records_batch(rt, contexts, records, rationales=spans)
       else:
-        device_batch = rows.critic_records_batch(rt, [p.context for p in batch], records)
+        contexts = [p.context for p in batch]
+        if rt.critic_self_check:  # the run's critic reads self-checked prompts: so it learns
+          contexts = rows.self_checked(rt, rt.critic_params(state), contexts)
+        kept = [i for i, c in enumerate(contexts) if c is not None]
+        device_batch = rows.critic_records_batch(rt, [contexts[i] for i in kept],
+                                                 [records[i] for i in kept])
       state, _ = rt.critic_step(state, device_batch, lr)
       done += len(batch)
       if on_pairs is not None:

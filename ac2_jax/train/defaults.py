@@ -266,6 +266,11 @@ def base_config() -> ml_collections.ConfigDict:
   # crowd inside one grid cell (the chain's 0.3-0.6), rounding leaves most prefixes the same token
   # and the critic no gradient between them. Read it with readout 'expectation'.
   c.critic.target = 'rounded'
+  # False: the paper's critic prompt. True: each worked line of the attempt carries a verdict
+  # token, whether the policy's own greedy result there is the one written (critic/self_check.py;
+  # the built-in chain): a departure, since the critic does not learn that check from its loss
+  # (BENCHMARKS.md, "Session 20") while the policy's forward holds it.
+  c.critic.self_check = False
   # 0: the paper's critic, whose update trains the policy's own weights. r > 0: the critic reads
   # and trains through a rank-r adapter W + A B (learner/critic_adapter.py), so its update no
   # longer moves the actor; a departure, for small policies whose weights have no room for both.

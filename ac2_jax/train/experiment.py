@@ -192,7 +192,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
-      critic_target=c.critic.target,
+      critic_target=c.critic.target, critic_self_check=c.critic.self_check,
       value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
   warmup = critic_warmup_settings(c)
   if warmup is not None:
