@@ -111,10 +111,10 @@ class AC2(base.Algorithm):
       data = self.generate(rt, state.params, plan, key)
     self.route(rt, data)
     critic_params = rt.critic_params(state)
-    self.score(rt, critic_params, data, timer)
+    self.score(rt, critic_params, data, timer, policy_params=state.params)
     if self.use_critic:
       with timer('audit_reads'):
-        data.audits = self.audit_records(rt, critic_params, data)
+        data.audits = self.audit_records(rt, critic_params, data, policy_params=state.params)
       self._audits = data.audits
     with timer('controller'):
       outcome = self.observe(rt, step, data)
@@ -152,9 +152,10 @@ class AC2(base.Algorithm):
                        and not rt.task.has_complete_answer(row.text))
 
   def score(self, rt: Runtime, params, data: StepData,
-            timer: timing.PhaseTimer | None = None) -> None:
+            timer: timing.PhaseTimer | None = None, policy_params=None) -> None:
     """Judge grades of the judged rows; one batch of critic reads (routed endpoints, then V(s) of
-    the requests that need it) with the weights from before the update."""
+    the requests that need it) with the weights from before the update (`policy_params`: the
+    actor's, for a self-checking critic's check; default `params`)."""
     timer = timer or timing.PhaseTimer()
     judged = [r for r in data.rows if not r.to_critic]
     with timer('judge'):
@@ -178,12 +179,13 @@ class AC2(base.Algorithm):
       references.append(self._reference(req.problem_id))
     with timer('critic_reads'):
       data.reads = rows_lib.critic_reader(rt.critic_readout)(rt, params, prompts, responses,
-                                                            references)
+                                                            references, policy_params)
     for row, value in zip(endpoints, data.reads):
       row.critic_value = value
     data.prefix_values = dict(zip(prefix_requests, data.reads[len(endpoints):]))
 
-  def audit_records(self, rt: Runtime, params, data: StepData) -> list[dict]:
+  def audit_records(self, rt: Runtime, params, data: StepData, policy_params=None
+                    ) -> list[dict]:
     """One record per audited group (numbers only), for the critic panels (train/critic_panels).
 
     problem, slot, cut; reference: the prefix read AC2 used had the bank's reference;
@@ -222,7 +224,8 @@ class AC2(base.Algorithm):
       ends = [ask(prompt, np.concatenate([req.prefix_tokens_P, row.rollout.new_N[:b]]), reference)
               if len(row.rollout.new_N) > b else None for row in members[i]]
       asked.append((i, reference is not None, noref, ends))
-    reads = rows_lib.critic_reader(rt.critic_readout)(rt, params, prompts, responses, references)
+    reads = rows_lib.critic_reader(rt.critic_readout)(rt, params, prompts, responses, references,
+                                                      policy_params)
     records = []
     for i, has_reference, noref, ends in asked:
       req, used = data.plan.requests[i], data.prefix_values.get(i)
@@ -342,8 +345,7 @@ class AC2(base.Algorithm):
         ends = self.controller.chunk_end_batch(step, self._chunk_ends(data), fits)
         records += ends.records
         counts['chunk_end_pairs'] = ends.num_pairs
-      checked = rows_lib.self_checked(rt, rt.critic_params(state) if rt.critic_self_check
-                                      else None, [contexts[id(r)] for r in records])
+      checked = rows_lib.self_checked(rt, state.params, [contexts[id(r)] for r in records])
       kept = [i for i, c in enumerate(checked) if c is not None]
       counts['skipped_context'] += len(records) - len(kept)
       device_batch = rows_lib.critic_records_batch(rt, [checked[i] for i in kept],

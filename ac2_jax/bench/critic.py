@@ -231,8 +231,9 @@ def records_for(rt, prefixes: Sequence[ProbePrefix], use_reference: bool = True)
 
 
 def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, constant: float,
-             tau_local: float) -> tuple[dict, dict]:
-  """(critic figures, lookup figures) on the held-out prefixes; reads use the reference."""
+             tau_local: float, policy_params=None) -> tuple[dict, dict]:
+  """(critic figures, lookup figures) on the held-out prefixes; reads use the reference (and a
+  self-checking critic's check `policy_params`, the actor's weights)."""
   prompts, responses, refs, owner = [], [], [], []
   for j, p in enumerate(held):
     r = rt.train_records[p.problem_index]
@@ -246,7 +247,7 @@ def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, cons
         responses.append(end)
         refs.append(r.reference_solution)
         owner.append((j, g))
-  values = read(rt, params, prompts, responses, refs)
+  values = read(rt, params, prompts, responses, refs, policy_params)
   prefix_values = [None] * len(held)
   chunk_values = [np.full(len(p.chunk_ends), np.nan) for p in held]
   for (j, g), v in zip(owner, values):
@@ -263,13 +264,13 @@ def evaluate(rt, params, held: Sequence[ProbePrefix], read, lookup: Lookup, cons
 
 def _batch(rt, state, records_batch, records: Sequence[_Record], contexts=None):
   """A critic batch of records; `contexts` when their critic prompts are built already (each is
-  self-checked by the critic of `state` when the run's is: `rollouts.self_checked`)."""
+  self-checked by the policy of `state` when the run's critic is: `rollouts.self_checked`)."""
   if contexts is None:
     contexts = [rt.critic_context(rt.prompt_ids_by_id[r.problem_id], r.prefix_tokens_P,
                                   r.reference) for r in records]
   if rt.critic_self_check:
     from ac2_jax.learner import rows as rollouts
-    contexts = rollouts.self_checked(rt, rt.critic_params(state), contexts)
+    contexts = rollouts.self_checked(rt, state.params, contexts)
   keep = [i for i, c in enumerate(contexts) if c is not None]
   return records_batch(rt, [contexts[i] for i in keep], [records[i] for i in keep])
 
@@ -303,11 +304,11 @@ def train_and_evaluate(rt, state, train: Sequence[ProbePrefix], held: Sequence[P
 
   def report():
     params = rt.critic_params(state)  # one merge per report when the critic has an adapter
-    c, l = evaluate(rt, params, held, read, lookup, constant, tau_local)
+    c, l = evaluate(rt, params, held, read, lookup, constant, tau_local, state.params)
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': c, 'lookup': l}
     fit_log = ''
     if fit_set:
-      fit, _ = evaluate(rt, params, fit_set, read, lookup, constant, tau_local)
+      fit, _ = evaluate(rt, params, fit_set, read, lookup, constant, tau_local, state.params)
       entry['fit'] = fit
       fit_log = (f'  fit: MAE {fit["mae"]:.3f} (constant {fit["mae_constant"]:.3f}) corr '
                  f'{fit["corr"]:+.3f}')

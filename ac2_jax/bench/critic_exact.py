@@ -288,11 +288,11 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
     base_figs['self'] = figures(np.array([table(p) for p in held]), held, constant)
   curve, start = [], time.time()
 
-  def read(params, h):
+  def read(params, policy, h):
     if rt.critic_self_check:  # the prompts as the run's critic reads them
-      checked = rollouts.self_checked(rt, params, [p.context for p in h])
+      checked = rollouts.self_checked(rt, policy, [p.context for p in h])
       return {**figures(expected_reads(rt, params, h, checked), h, constant),
-              'self_check_accuracy': self_check_accuracy(rt, params, h)}
+              'self_check_accuracy': self_check_accuracy(rt, policy, h)}
     if not settings.rationale:
       return figures(expected_reads(rt, params, h), h, constant)
     reads, extra = rationale_reads(rt, params, h, settings.rationale)
@@ -302,8 +302,9 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
 
   def report(state, done):
     params = rt.critic_params(state)
-    fig = read(params, held)
-    by_cut = {critic_warmup.stage_name(cut): read(params, h) for cut, h in held_by_cut.items()}
+    fig = read(params, state.params, held)
+    by_cut = {critic_warmup.stage_name(cut): read(params, state.params, h)
+              for cut, h in held_by_cut.items()}
     entry = {'pairs': done, 'seconds': round(time.time() - start, 1), 'critic': fig, **base_figs,
              **({'by_cut': by_cut} if by_cut else {})}
     curve.append(entry)

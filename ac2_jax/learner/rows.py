@@ -136,39 +136,45 @@ def self_check_verdicts(rt: Runtime, params, contexts: Sequence[np.ndarray]
   return out
 
 
-def self_checked(rt: Runtime, params, contexts: Sequence[np.ndarray | None]
+def self_checked(rt: Runtime, policy_params, contexts: Sequence[np.ndarray | None]
                  ) -> list[np.ndarray | None]:
   """The critic prompts as the critic reads and trains on them: with `rt.critic_self_check`, each
-  worked line marked with the policy's own check (critic/self_check.py; None where the marked
-  prompt no longer fits, as for `rt.critic_context`), else as they are."""
+  worked line marked with the policy's own check, read with `policy_params` (critic/self_check.py;
+  None where the marked prompt no longer fits, as for `rt.critic_context`), else as they are.
+
+  The check reads the actor's weights, never an adapter's: trained on values alone, an adapter
+  leaves the results' positions unanchored, and there the merged weights' greedy digit fell from
+  99.4% right to 63% within 21,000 pairs (BENCHMARKS.md, "Session 21")."""
   if not rt.critic_self_check:
     return list(contexts)
   fits = [i for i, c in enumerate(contexts) if c is not None]
   out = list(contexts)
-  for i, (spans, verdicts) in zip(fits, self_check_verdicts(rt, params,
+  for i, (spans, verdicts) in zip(fits, self_check_verdicts(rt, policy_params,
                                                             [contexts[i] for i in fits])):
     ids, _ = self_check.with_verdicts(rt.tokenizer, contexts[i], spans, verdicts)
     out[i] = ids if len(ids) + sampling.MAX_VALUE_TOKENS <= rt.max_total_len else None
   return out
 
 
-def critic_contexts(rt: Runtime, params, prompts: Sequence[np.ndarray],
+def critic_contexts(rt: Runtime, policy_params, prompts: Sequence[np.ndarray],
                     responses: Sequence[np.ndarray], references: Sequence[str | None]
                     ) -> list[np.ndarray | None]:
-  """The critic prompt of each (prompt, response, reference), self-checked when the run's critic
-  is (`self_checked`); None where it does not fit."""
-  return self_checked(rt, params, [rt.critic_context(p, r, ref)
-                                   for p, r, ref in zip(prompts, responses, references)])
+  """The critic prompt of each (prompt, response, reference), self-checked with `policy_params`
+  when the run's critic is (`self_checked`); None where it does not fit."""
+  return self_checked(rt, policy_params, [rt.critic_context(p, r, ref)
+                                          for p, r, ref in zip(prompts, responses, references)])
 
 
 def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
-                 responses: Sequence[np.ndarray], references: Sequence[str | None]
-                 ) -> list[float | None]:
+                 responses: Sequence[np.ndarray], references: Sequence[str | None],
+                 policy_params=None) -> list[float | None]:
   """The critic's V(prompt . response): greedy reply after 'Q value: ', parsed (None = invalid,
-  also when the critic prompt does not fit)."""
+  also when the critic prompt does not fit). `policy_params`: the actor's weights, which a
+  self-checking critic's check reads (default `params`: the paper's critic is the policy)."""
   if not prompts:
     return []
-  contexts = critic_contexts(rt, params, prompts, responses, references)
+  contexts = critic_contexts(rt, params if policy_params is None else policy_params, prompts,
+                             responses, references)
   fits = [c for c in contexts if c is not None]
   replies = iter(sampling.greedy_decode(rt.model_config, params, fits,
                                         stop_ids=(rt.tokenizer.eos_id,), mesh=rt.mesh,
@@ -183,8 +189,8 @@ def critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
 
 
 def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
-                          responses: Sequence[np.ndarray], references: Sequence[str | None]
-                          ) -> list[float | None]:
+                          responses: Sequence[np.ndarray], references: Sequence[str | None],
+                          policy_params=None) -> list[float | None]:
   """The critic's V(prompt . response) as the mean of its value distribution after 'Q value: '.
 
   One forward per context reads the probabilities of the grid values' tokens (each value must be
@@ -203,7 +209,8 @@ def expected_critic_reads(rt: Runtime, params, prompts: Sequence[np.ndarray],
       raise ValueError(f'critic readout "expectation" needs every grid value to be one token; '
                        f'{critic.format_value(value)!r} is {len(ids)} tokens in this tokenizer')
     grid_ids.append(ids[0])
-  contexts = critic_contexts(rt, params, prompts, responses, references)
+  contexts = critic_contexts(rt, params if policy_params is None else policy_params, prompts,
+                             responses, references)
   fits = [c for c in contexts if c is not None]
   probs_NxM = (sampling.token_distribution(rt.model_config, params, fits, grid_ids, mesh=rt.mesh,
                                            valid_vocab_size=rt.valid_vocab_size)

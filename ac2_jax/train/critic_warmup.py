@@ -294,7 +294,7 @@ def train(rt, state, settings: WarmupSettings, *, labels: str = 'value', rationa
       else:
         contexts = [p.context for p in batch]
         if rt.critic_self_check:  # the run's critic reads self-checked prompts: so it learns
-          contexts = rows.self_checked(rt, rt.critic_params(state), contexts)
+          contexts = rows.self_checked(rt, state.params, contexts)
         kept = [i for i, c in enumerate(contexts) if c is not None]
         device_batch = rows.critic_records_batch(rt, [contexts[i] for i in kept],
                                                  [records[i] for i in kept])
