@@ -103,15 +103,22 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       on two-hot targets (critic.target: exact values crowd inside one grid cell, and
                       rounded they train one token; two-hot learned the check in 2/3 of the pairs,
                       BENCHMARKS.md "Session 19")
+  self_check          the critic reads each worked line marked with the policy's own check, whether
+                      its greedy result there is the one written (critic.self_check, a departure:
+                      the critic never learned that check from its loss, BENCHMARKS.md "Session 20"),
+                      after a warm-up of 9,000 exact prefix values cut anywhere, two-hot
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
-            'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup')
+            'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
+# The self-checking critic learns the value of marked lines in 6,000-9,000 exact pairs (corr +0.74
+# / +0.95 through the adapter; BENCHMARKS.md, "Session 21").
+SELF_CHECK_WARMUP = '0:9000'
 
 
 def apply_variant(c, name: str):
@@ -137,6 +144,10 @@ def apply_variant(c, name: str):
     c.controller.readiness_revocable = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
+    c.critic.target = 'two_hot'
+  elif name == 'self_check':
+    c.critic.self_check = True
+    c.critic.warmup = SELF_CHECK_WARMUP
     c.critic.target = 'two_hot'
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')

@@ -12,8 +12,8 @@ from ac2_jax.bench import critic_exact
 from ac2_jax.critic import self_check
 from ac2_jax.learner import rows
 from ac2_jax.train import experiment, loop
-from train_fixtures import (compile_cache, length_credit_build_task, read_records,  # noqa: F401
-                            tiny_config, train_base)
+from train_fixtures import (compile_cache, length_credit_build_task, load_config,  # noqa: F401
+                            read_records, tiny_config, train_base)
 
 
 @pytest.fixture(scope='module')
@@ -119,6 +119,14 @@ def test_a_self_checking_run_trains_and_reads_marked_prompts(train_base, tmp_pat
 
 
 def test_self_check_is_a_setting_of_the_chain_and_of_ac2(train_base):
+  c = load_config('ac2', 'bench,adapter,self_check')
+  assert c.critic.self_check and c.critic.target == 'two_hot'
+  assert c.critic.warmup and c.critic.warmup_learning_rate == 1e-3  # the adapter's rate
+  experiment.validate(c)
+  plain = c.copy_and_resolve_references()
+  plain.critic.self_check = False  # a warm-up on unmarked prompts is another critic
+  assert (experiment.critic_warmup_key(c, '/ckpt')
+          != experiment.critic_warmup_key(plain, '/ckpt'))
   with pytest.raises(experiment.ConfigError, match='critic.self_check'):
     experiment.validate(tiny_config(train_base, 'grpo', critic__self_check=True))
   with pytest.raises(experiment.ConfigError, match='critic.self_check'):

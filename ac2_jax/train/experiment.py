@@ -122,6 +122,8 @@ def critic_warmup_key(c: ml_collections.ConfigDict, checkpoint: str) -> str:
   """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`: its resolved
   settings, the task (prompts, data), the model, and the critic keys its update reads."""
   critic = {k: c.critic[k] for k in ('adapter_rank', 'max_context', 'grad_clip', 'target')}
+  if c.critic.self_check:  # marked prompts train another critic (keys from before it unchanged)
+    critic['self_check'] = True
   return critic_warmup.cache_key(critic_warmup_settings(c), checkpoint, json.dumps(
       [c.task.to_dict(), critic, c.model.to_dict()], sort_keys=True, default=str))
 
