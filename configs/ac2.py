@@ -28,10 +28,12 @@ With `self_check` (session 21) the critic judges: each worked line of the attemp
 policy's own greedy result there is the one written (critic.self_check), and after its 9,000-pair warm-up it
 reads the policy's own prefixes at corr +0.78 and their chunk advantages at +0.50 (a lookup of the lines:
 +0.79 and +0.46), where every critic before it stayed near 0. In the run
-(`configs/ac2.py:bench,adapter,self_check`, about 9 minutes more for the warm-up) problems were ready from
-step 5, 0.88 of the second half's slots on seed 0, 48% of all rows critic-scored chunks, critic error 0.07
-and no invalid read; the score is level with Prefix GRPO per decoding FLOP, not ahead (seed 0: 0.46 -> 0.91,
-Prefix GRPO 0.97 on 1.5x the FLOPs; BENCHMARKS.md, "Session 21").
+(`configs/ac2.py:bench,adapter,self_check`; the warm-up took 12 minutes on 2 cores shared with another
+run) problems were ready from step 5 on seeds 0 and 1. On seed 0 0.88 of the second half's slots were
+ready, 48% of all rows critic-scored chunks, critic error 0.07, no invalid read, and the score is level
+with Prefix GRPO per decoding FLOP, not ahead (0.46 -> 0.91; Prefix GRPO 0.97 on 1.5x the FLOPs). On seed 1
+the policy reached 0.95 by step 20 and the critic trailed it (error 0.3-0.5 from step 16 to 56), 0.41 of
+the second half ready, 0.50 -> 0.99 as Prefix GRPO (BENCHMARKS.md, "Session 21").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
 warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at

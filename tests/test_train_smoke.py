@@ -197,8 +197,8 @@ def test_variant_acts_at_step_1_or_2(train_base, built, monkeypatch, arg):
     real_reader = rows_lib.critic_reader
 
     def spied_reader(readout):
-      def read(rt_, params, prompts, responses, references):
-        values = real_reader(readout)(rt_, params, prompts, responses, references)
+      def read(rt_, params, prompts, responses, references, policy_params=None):
+        values = real_reader(readout)(rt_, params, prompts, responses, references, policy_params)
         reads.append((list(responses), list(references), values))
         return values
       return read
