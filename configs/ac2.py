@@ -32,7 +32,7 @@ reads the policy's own prefixes at corr +0.78 and their chunk advantages at +0.5
 run) problems were ready from step 5 on seeds 0 and 1. On seed 0 0.88 of the second half's slots were
 ready, 48% of all rows critic-scored chunks, critic error 0.07, no invalid read, and the score is level
 with Prefix GRPO per decoding FLOP, not ahead (0.46 -> 0.91; Prefix GRPO 0.97 on 1.5x the FLOPs). On seed 1
-the policy reached 0.95 by step 20 and the critic trailed it (error 0.3-0.5 from step 16 to 56), 0.41 of
+the policy reached 0.95 by step 20 and the critic trailed it (error 0.34-0.57 from step 16 to 56), 0.41 of
 the second half ready, 0.50 -> 0.99 as Prefix GRPO (BENCHMARKS.md, "Session 21").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
