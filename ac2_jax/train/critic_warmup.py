@@ -292,9 +292,8 @@ def train(rt, state, settings: WarmupSettings, *, labels: str = 'value', rationa
         contexts, spans = zip(*(with_verdicts(rt, p, rationale) for p in batch))
         device_batch = rows.critic_records_batch(rt, contexts, records, rationales=spans)
       else:
-        contexts = [p.context for p in batch]
-        if rt.critic_self_check:  # the run's critic reads self-checked prompts: so it learns
-          contexts = rows.self_checked(rt, state.params, contexts)
+        # Marked as the run's critic reads them, when it self-checks.
+        contexts = rows.self_checked(rt, state.params, [p.context for p in batch])
         kept = [i for i, c in enumerate(contexts) if c is not None]
         device_batch = rows.critic_records_batch(rt, [contexts[i] for i in kept],
                                                  [records[i] for i in kept])
