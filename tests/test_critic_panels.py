@@ -93,6 +93,7 @@ def test_summaries_per_step_and_pooled():
       'advantage_rows': [7, 0],
       'advantage_corr': [want_corr, np.nan],
       'advantage_mae': [np.mean(np.abs(np.subtract(CRITIC_A, REWARD_A))), np.nan],
+      'advantage_scale': [np.mean(np.abs(CRITIC_A)) / np.mean(np.abs(REWARD_A)), np.nan],
   }
   assert set(steps) == {'step', *want}
   for key, values in want.items():

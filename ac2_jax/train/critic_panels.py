@@ -12,7 +12,9 @@ that got g full continuations instead of chunks, so its Monte Carlo rewards r_i 
                     critic at the end of the chunk c_i (its first b new tokens) where the
                     continuation ran past it, else r_i (paper, Section A.4)
   advantages        critic A_i = v_i - mean_j v_j against r_i - mean_j r_j on the groups with at
-                    least one chunk-end read (Figure 4, right): their Pearson correlation and MAE
+                    least one chunk-end read (Figure 4, right): their Pearson correlation, MAE
+                    and scale (mean |A| over mean |r - mean r|: a critic that ranks chunks right
+                    but gives them a quarter of the spread trains the actor a quarter as hard)
 
 v follows AC2's rules for invalid critic reads: the row is left out (weight 0 in the actor loss) and
 its v_i is the mean of the group's valid v_j (0 if none) before the group mean is taken. A group
@@ -146,7 +148,8 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
   metrics.jsonl, counts each as 1 and rounds the target to the grid); groups_with_reference,
   mae_ref, mae_noref: both reads on the groups with a reference where both are valid (a paired
   comparison); group_mean_mae: |mean v - mean r|; advantage_rows, advantage_corr,
-  advantage_mae: critic vs Monte Carlo advantages of the groups with a chunk-end read.
+  advantage_mae, advantage_scale: critic vs Monte Carlo advantages of the groups with a chunk-end
+  read (scale: mean |critic A| / mean |Monte Carlo A|, NaN when the rewards agree).
   """
   paired = [g for g in gs if g.reference and g.v_prefix_ref is not None
             and g.v_prefix_noref is not None]
@@ -164,7 +167,12 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
       'advantage_rows': int(a.size),
       'advantage_corr': pearson(a, r),
       'advantage_mae': float(np.mean(np.abs(a - r))) if a.size else NAN,
+      'advantage_scale': _ratio(np.mean(np.abs(a)), np.mean(np.abs(r))) if a.size else NAN,
   }
+
+
+def _ratio(x: float, y: float) -> float:
+  return float(x / y) if y > 0 else NAN
 
 
 def per_step(gs: Sequence[Group]) -> dict[str, np.ndarray]:
