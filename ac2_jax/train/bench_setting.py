@@ -26,6 +26,9 @@ SFT steps) start at 0.374 / 0.374 / 0.381 on seeds 0 / 1 / 2, but GRPO only clim
 steps; at 560 SFT steps the start still jumps between seeds (f = 0.5: 0.23 / 0.20 / 0.54).
 Session 17: f = 0.65 (1,400 SFT steps) starts at 0.416 on seed 0, over the 0.40 asked; from the f = 0.7
 seed-0 warm start GRPO at 3x the actor learning rate (3e-4) ends at 0.435, where 1e-4 ends at 0.431.
+Tried in session 22: leading-line credit (task.builtin_scoring 'leading') with step mistakes 0.3
+starts at 0.227 / 0.323 on seeds 0 / 1 (0.15: 0.630 on seed 0), but on seed 1 GRPO is at 0.97 by
+step 10; on seed 0 AC2 led GRPO per decoding FLOP by 0.98-1.39x to step 50, then stopped at 0.93.
 """
 
 from __future__ import annotations
