@@ -35,9 +35,10 @@ with Prefix GRPO per decoding FLOP, not ahead (0.46 -> 0.91; Prefix GRPO 0.97 on
 the policy reached 0.95 by step 20 and the critic trailed it (error 0.34-0.57 from step 16 to 56), 0.41 of
 the second half ready, 0.50 -> 0.99 as Prefix GRPO (BENCHMARKS.md, "Session 21").
 Under leading-line credit from a sharper warm start (`--config.task.builtin_scoring=leading
---config.sft.step_mistake_rate=0.3`, seed 0: 0.23) the self-checking AC2 led GRPO by 0.98-1.39x per
-decoding FLOP up to step 50, then stopped at 0.93 while GRPO reached 0.99: late in the run its chunks are
-clean and their advantages a fifth of the audited ones (BENCHMARKS.md, "Session 22").
+--config.sft.step_mistake_rate=0.3`; seed 0's warm start scores 0.23) the self-checking AC2 led GRPO by
+0.98-1.39x per decoding FLOP up to step 50, then stopped at 0.93 while GRPO reached 0.99: late in the run
+its chunks are clean and their advantages about a fifth the size of the audited ones (BENCHMARKS.md,
+"Session 22").
 
 The default setting (`--config=configs/ac2.py`: K = 8 steps, '+-', step mistakes 0.25) trains fast but its
 warm start is on a knife edge between seeds (seed 0 0.48 -> 0.60, seed 2 0.79 -> 1.00, seed 1 starts at

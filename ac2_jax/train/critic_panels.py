@@ -14,7 +14,8 @@ that got g full continuations instead of chunks, so its Monte Carlo rewards r_i 
   advantages        critic A_i = v_i - mean_j v_j against r_i - mean_j r_j on the groups with at
                     least one chunk-end read (Figure 4, right): their Pearson correlation, MAE
                     and scale (mean |A| over mean |r - mean r|: a critic that ranks chunks right
-                    but gives them a quarter of the spread trains the actor a quarter as hard)
+                    but spreads them a quarter as wide as the rewards do weighs them a quarter as
+                    much in the actor loss)
 
 v follows AC2's rules for invalid critic reads: the row is left out (weight 0 in the actor loss) and
 its v_i is the mean of the group's valid v_j (0 if none) before the group mean is taken. A group

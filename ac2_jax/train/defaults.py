@@ -123,7 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
   # 0.9 in the paper; 0.8 keeps every cut inside the reasoning of a K=8 solution (48 of its 55
   # tokens), so no replayed prefix already holds every line (measured: those groups all had equal
   # rewards, a quarter of all replay groups at 0.9). On the K=12 bench, 0.9 (a last cut at 64 of 79
-  # tokens, so ready chunks reach the last lines) changed neither method's score per step
+  # tokens, so ready chunks reach the last lines) did not help AC2 against Prefix GRPO
   # (BENCHMARKS.md, "Session 22").
   c.controller.max_cut_fraction = 0.8
   c.controller.critic_buffer_capacity = 160
