@@ -166,6 +166,12 @@ def test_scoring_malformed_truncated_empty(record):
       points=0, status=grading.STATUS_OK, detail='correct steps 0/8, answer wrong')
   assert _score(task, record, RIGHT.replace('<answer>5', '<answer>5.0')) == 6
   assert _score(task, record, RIGHT.replace('*4=5', '*4 = five')) == 2  # 3 right steps
+  # The same credit on fine points: 6 * 3 / 8, where 'leading' pays floor(18 / 8).
+  fine = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, scoring='leading_fine'))
+  assert _score(fine, record, RIGHT.replace('*4=5', '*4 = five')) == 2.25
+  assert _score(fine, record, RIGHT) == 7
+  assert builtin.line_credits(PROBLEM, RIGHT.replace('+2=11', '+1=11'), 'leading_fine') == \
+      [True] * 2 + [False] * 6
   for text in ('', RIGHT[:20], RIGHT.split('</think>')[0],  # truncated inside the thinking
                RIGHT[:-len('</answer>')],  # answer block never closed
                RIGHT.replace('</think>', ''),  # no thinking section end
@@ -461,7 +467,7 @@ def test_blind_prefix_value_by_hand():
   # A fact no path meets gives the closed forms, for every prefix and both scorings.
   never = {(0, '*', 2)}
   for cut in (0, 10, right.index('11\n') + 2, len(right)):
-    for scoring in ('local', 'leading'):
+    for scoring in builtin.SCORINGS:
       for values in (truth, wrong):
         text = builtin.response_text(PROBLEM, values)[:cut]
         assert value(text, 0.7, scoring, never, values) == pytest.approx(
@@ -474,7 +480,7 @@ def test_blind_prefix_value_is_the_mean_score_of_the_corpus():
   blind = builtin.blind_facts(7, 0.5)
   rng = np.random.default_rng(1)
   samples = [builtin_sft.sample_values(problem, rng, 0.0, 0.3, blind) for _ in range(4000)]
-  for scoring in ('local', 'leading'):
+  for scoring in builtin.SCORINGS:
     scores = np.asarray([builtin.score_response(problem, builtin.response_text(problem, v),
                                                 scoring).points / 7 for v in samples])
     exact = builtin_sft.prefix_value(problem, samples[0], '', 0.7, scoring, blind)

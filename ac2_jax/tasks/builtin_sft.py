@@ -119,8 +119,7 @@ def prefix_value(problem: builtin.ChainProblem, values: list[int], prefix_text: 
 
 def _points(correct: float, k: int, scoring: str) -> float:
   """Points of `correct` credited lines out of `k`, the answer right when all are."""
-  lines = 6 * correct / k if scoring == 'local' else (6 * correct) // k
-  return lines + int(correct == k)
+  return builtin.line_points(correct, k, scoring) + int(correct == k)
 
 
 def _blind_prefix_value(problem: builtin.ChainProblem, last_written: int, credits: list[bool],
@@ -137,7 +136,7 @@ def _blind_prefix_value(problem: builtin.ChainProblem, last_written: int, credit
   # The chance that every line from here on is right: the path is then the true one.
   stay_right = [right(j, truth[j]) for j in range(len(credits), k)]
   intact = all(credits)
-  if scoring == 'leading':
+  if scoring in builtin.LEADING_SCORINGS:
     correct = sum(credits)
     if not intact:
       return _points(correct, k, scoring) / 7

@@ -51,3 +51,25 @@ def apply_bench(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.num_problems = 128
   c.eval.num_responses = 8
   return c
+
+
+def apply_long(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The `long` config argument: `bench` with chains of K = 24 lines under leading-line credit
+  on fine points (task.builtin_scoring 'leading_fine').
+
+  A mistake caps the score of everything after it, so its cost shows only at the end of a reply
+  about 150 tokens long, where a 16-token chunk holds it. At the bench's 560 SFT steps the warm
+  start does not learn the 24-line chain (validation 0.001); at 1,400 it scores 0.178 on seed 0
+  under 'leading' (session 22). Under 'leading', whose points move in steps of 4 lines here, GRPO
+  stopped at 0.27 with equal rewards in most groups (session 23, BENCHMARKS.md).
+  """
+  c = apply_bench(c)
+  c.task.builtin_steps = 24
+  c.task.builtin_scoring = 'leading_fine'
+  c.sft.step_mistake_rate = 0.2
+  c.sft.steps = 1400
+  c.sft.seq_len = 240              # K=24 prompt + solution
+  c.sft.critic_seq_len = 512
+  c.controller.response_budget = 200
+  c.critic.max_context = 576
+  return c
