@@ -160,6 +160,13 @@ def test_parse_methods_and_configs(compared, train_base):
   s = _settings(train_base, compared['root'])
   c = compare.run_config(s, m, 1)
   assert (c.seed, c.eval.every, c.controller.no_audit, c.num_steps) == (1, 2, True, STEPS)
+  # `long` is `bench` with 24-line chains under leading credit, for every method alike.
+  for method in ('ac2:self_check', 'grpo', 'prefix_grpo'):
+    parsed = compare.parse_method(method)
+    long, bench = (compare.load_config(CONFIGS, parsed, arg) for arg in ('long', 'bench'))
+    assert (long.task.builtin_steps, long.task.builtin_scoring) == (24, 'leading_fine')
+    assert long.eval.to_dict() == bench.eval.to_dict() and long.num_steps == bench.num_steps
+    assert long.controller.response_budget > bench.controller.response_budget
 
 
 def test_summarize_pass_at_k_by_hand():

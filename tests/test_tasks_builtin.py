@@ -47,6 +47,41 @@ def test_problem_arithmetic_and_prompt_round_trip():
     builtin.ChainProblem(start=1, ops='*', operands=(13,), modulus=13)
 
 
+LABELLED = builtin.ChainProblem(start=11, ops='-++**++-', operands=(5, 3, 2, 4, 12, 1, 12, 3),
+                                modulus=13, labels=True)
+
+
+def test_labelled_chain_prompt_lines_and_scoring(tmp_path):
+  prompt = LABELLED.prompt()
+  assert prompt.startswith('Start at 11 and apply modulo 13:\na-5\nb+3\nc+2\nd*4\n')
+  assert builtin.parse_problem(prompt) == LABELLED
+  text = builtin.response_text(LABELLED, LABELLED.values())
+  assert text == '\n'.join(c + line for c, line in zip('abcdefgh', RIGHT.split('\n'))) + \
+      RIGHT[RIGHT.index('\n</think>'):]
+  assert builtin.score_response(LABELLED, text, 'leading_fine').points == 7
+  # The label guides and is not scored: a wrong letter keeps the line, a wrong step loses it.
+  assert builtin.line_credits(LABELLED, text.replace('c9+2', 'x9+2'), 'leading') == [True] * 8
+  assert builtin.line_credits(LABELLED, text.replace('c9+2', 'c9+3'), 'leading') == \
+      [True] * 2 + [False] * 6
+  assert builtin_sft.prefix_value(LABELLED, LABELLED.values(), text[:text.index('d')], 1.0,
+                                  'leading_fine') == 1.0
+  with pytest.raises(ValueError, match='at most 26 steps'):
+    builtin.ChainSettings(steps=27, labels=True)
+  settings = builtin.ChainSettings(num_train=300, num_validation=32, labels=True)
+  assert builtin_tfds.config_for(settings).name == builtin_tfds.config_for(
+      dataclasses.replace(settings, labels=False)).name + '_l'
+  # One per line, a step's letter is the same token in the prompt as at the start of its line.
+  task, tok = builtin_tfds.build_builtin(str(tmp_path), settings)
+  record = task.records('validation')[0]
+  problem = builtin.parse_problem(record.prompt)
+  assert problem.labels
+  prompt_ids = tok.encode(record.prompt)
+  response_ids = tok.encode(builtin.response_text(problem, problem.values()))
+  for i in range(problem.steps):
+    letter = tok.encode('\n' + problem.label(i))[1:]
+    assert len(letter) == 1 and letter[0] in prompt_ids and letter[0] in response_ids
+
+
 def test_generation_is_deterministic_and_seeded():
   a, b = builtin.generate(SMALL), builtin.generate(SMALL)
   assert a == b

@@ -66,13 +66,19 @@ CRITIC_STEM = 'Q value:'
 SPECIAL_SYMBOLS = ((ANSWER_OPEN, ANSWER_CLOSE, CRITIC_STEM) + VALUE_GRID
                    + tuple(str(d) for d in range(2, 10)))
 
-_PROMPT = ('Start at {start} and apply modulo {modulus}: {steps}\n'
+_PROMPT = ('Start at {start} and apply modulo {modulus}:{steps}\n'
            'Write each result, then the last in <answer></answer>.')
 _PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+): ((?:[+\-*]\d+ ?)+)\n')
+# Labelled steps, one per line, so that a label is the same token in the prompt as at the start of
+# its line in the response (after a line break, which is always one token).
+_LABELLED_PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+):\n((?:[a-z][+\-*]\d+\n)+)')
 _STEP_RE = re.compile(r'([+\-*])(\d+)')
 # One worked step: previous value, the step, the new value ('11-5=6'). Writing the previous value
-# makes every step a local computation, which a small model learns in minutes.
-LINE_RE = re.compile(r'(\d{1,4})([+\-*])(\d{1,4})=(\d{1,4})')
+# makes every step a local computation, which a small model learns in minutes. A labelled chain
+# (`ChainSettings.labels`) starts line i with the letter that marks step i in the prompt
+# ('b11-5=6'); the label only guides the solver and is not scored.
+LINE_RE = re.compile(r'(?:[a-z])?(\d{1,4})([+\-*])(\d{1,4})=(\d{1,4})')
+LABELS = 'abcdefghijklmnopqrstuvwxyz'
 _ANSWER_RE = re.compile(r'\d{1,4}')
 
 _CRITIC = ('Pause here and estimate how much credit this attempt will earn if you continue it to '
@@ -108,6 +114,10 @@ class ChainSettings:
   validation_every: int = 8
   scoring: str = 'local'  # one of SCORINGS (see the module docstring)
   critic_prompt: str = 'long'  # 'long' | 'short' | 'beside' (see critic_instruction)
+  # Each step's letter in the prompt ('a-1 b+2') and at the start of its line ('b4+2=6'): the
+  # solver finds step i by its letter instead of by counting steps. Without it the 4-layer
+  # `tiny` policy writes the wrong step from about the 9th of 24 on (session 23, BENCHMARKS.md).
+  labels: bool = False
 
   def __post_init__(self):
     if self.critic_prompt not in CRITIC_PROMPTS:
@@ -118,6 +128,8 @@ class ChainSettings:
       raise ValueError(f'ops must be distinct characters of {OPS!r}, got {self.ops!r}')
     if self.steps < 1:
       raise ValueError(f'steps must be >= 1, got {self.steps}')
+    if self.labels and self.steps > len(LABELS):
+      raise ValueError(f'labelled chains have at most {len(LABELS)} steps, got {self.steps}')
     if not _is_prime(self.modulus) or self.modulus < 5:
       raise ValueError(f'modulus must be a prime >= 5 (so every step is invertible), '
                        f'got {self.modulus}')
@@ -134,8 +146,11 @@ class ChainProblem:
   ops: str  # one character per step
   operands: tuple[int, ...]
   modulus: int
+  labels: bool = False  # ChainSettings.labels
 
   def __post_init__(self):
+    if self.labels and len(self.ops) > len(LABELS):
+      raise ValueError(f'labelled chains have at most {len(LABELS)} steps, got {len(self.ops)}')
     if len(self.ops) != len(self.operands) or not self.ops:
       raise ValueError(f'a chain needs as many operands as ops (>= 1): {self.ops!r} '
                        f'{self.operands}')
@@ -153,6 +168,10 @@ class ChainProblem:
 
   def step_strings(self) -> list[str]:
     return [f'{op}{a}' for op, a in zip(self.ops, self.operands)]
+
+  def label(self, step: int) -> str:
+    """The letter that marks step `step` in the prompt and its line ('' when unlabelled)."""
+    return LABELS[step] if self.labels else ''
 
   def apply(self, step: int, value: int) -> int:
     op, a = self.ops[step], self.operands[step]
@@ -181,18 +200,23 @@ class ChainProblem:
     return f'chain-{hashlib.sha256(self.key().encode()).hexdigest()[:16]}'
 
   def prompt(self) -> str:
-    return _PROMPT.format(start=self.start, modulus=self.modulus,
-                          steps=' '.join(self.step_strings()))
+    if self.labels:
+      steps = ''.join(f'\n{self.label(i)}{s}' for i, s in enumerate(self.step_strings()))
+    else:
+      steps = ' ' + ' '.join(self.step_strings())
+    return _PROMPT.format(start=self.start, modulus=self.modulus, steps=steps)
 
 
 def parse_problem(prompt: str) -> ChainProblem:
   """The problem stated by a built-in prompt; ValueError when the text is not one."""
-  m = _PROMPT_RE.match(prompt)
+  labelled = _LABELLED_PROMPT_RE.match(prompt)
+  m = labelled or _PROMPT_RE.match(prompt)
   if m is None:
     raise ValueError(f'not a built-in chain prompt: {prompt[:80]!r}')
   steps = _STEP_RE.findall(m.group(3))
   return ChainProblem(start=int(m.group(1)), ops=''.join(op for op, _ in steps),
-                      operands=tuple(int(a) for _, a in steps), modulus=int(m.group(2)))
+                      operands=tuple(int(a) for _, a in steps), modulus=int(m.group(2)),
+                      labels=labelled is not None)
 
 
 Fact = tuple[int, str, int]  # (x, op, a): the result of x op a modulo the problem's prime
@@ -244,7 +268,8 @@ def written_values(problem: ChainProblem, mistake_at: int | None = None,
 
 def steps_text(problem: ChainProblem, values: Sequence[int]) -> str:
   previous = [problem.start, *values[:-1]]
-  return '\n'.join(f'{p}{s}={v}' for p, s, v in zip(previous, problem.step_strings(), values))
+  return '\n'.join(f'{problem.label(i)}{p}{s}={v}'
+                   for i, (p, s, v) in enumerate(zip(previous, problem.step_strings(), values)))
 
 
 def answer_text(value: int | str) -> str:
@@ -388,7 +413,7 @@ def generate(settings: ChainSettings) -> dict[str, list[ChainProblem]]:
     for b in range(batch):
       chars = ''.join(settings.ops[o] for o in ops[b])
       operands = tuple(int(mul[b, i] if chars[i] == '*' else add[b, i]) for i in range(k))
-      problem = ChainProblem(int(starts[b]), chars, operands, p)
+      problem = ChainProblem(int(starts[b]), chars, operands, p, settings.labels)
       key = problem.key()
       if key in seen:
         continue

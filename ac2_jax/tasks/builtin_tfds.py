@@ -38,7 +38,8 @@ def _op_names(ops: str) -> str:
 def config_for(settings: builtin.ChainSettings) -> ChainConfig:
   s = settings
   name = (f'k{s.steps}_p{s.modulus}_n{s.num_train}_v{s.num_validation}_s{s.seed}'
-          f'_e{s.validation_every}' + ('' if s.ops == builtin.OPS else f'_o{_op_names(s.ops)}'))
+          f'_e{s.validation_every}' + ('' if s.ops == builtin.OPS else f'_o{_op_names(s.ops)}')
+          + ('_l' if s.labels else ''))
   return ChainConfig(name=name, settings=settings,
                      description=f'{s.steps} steps modulo {s.modulus}')
 

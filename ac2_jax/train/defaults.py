@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   # reference's lines beside the attempt's (about 70 tokens more at K = 12: raise
   # critic.max_context and sft.critic_seq_len; BENCHMARKS.md, "Session 13").
   c.task.builtin_critic_prompt = 'short'
+  c.task.builtin_labels = False  # steps marked by letters (tasks/builtin.py ChainSettings.labels)
   # The walk (ac2_jax/tasks/walk.py says why it exists): reach walk_goal from a start with the
   # menu's moves in a budget of the shortest walk plus 0..walk_slack moves, never landing above
   # the goal or on a number ending in walk_trap_digit (-1: no traps).

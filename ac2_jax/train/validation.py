@@ -181,7 +181,7 @@ def chain_settings(c: ml_collections.ConfigDict) -> builtin.ChainSettings:
     return builtin.ChainSettings(steps=c.task.builtin_steps, modulus=c.task.builtin_modulus,
                                  ops=c.task.builtin_ops, num_train=c.task.builtin_num_train,
                                  num_validation=c.task.builtin_num_validation, seed=c.seed,
-                                 scoring=c.task.builtin_scoring,
+                                 scoring=c.task.builtin_scoring, labels=c.task.builtin_labels,
                                  critic_prompt=c.task.builtin_critic_prompt)
 
 
