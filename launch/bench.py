@@ -15,6 +15,7 @@
   python launch/bench.py critic_update --workdir=DIR  # a critic update split by length vs not
   python launch/bench.py critic_drift --checkpoint=RUN  # what moved a run's critic: its update,
                                       # or the actor's updates of the weights it reads
+  python launch/bench.py chain_errors --checkpoint=RUN  # where a chain policy's lines go wrong
 """
 
 import sys
@@ -46,10 +47,12 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import critic_update as bench
   elif name == 'critic_drift':
     from ac2_jax.bench import critic_drift as bench
+  elif name == 'chain_errors':
+    from ac2_jax.bench import chain_errors as bench
   else:
     raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, '
                      'decode_segments, train, steps, kernels, controller, judge, critic, '
-                     'critic_exact, critic_update or critic_drift')
+                     'critic_exact, critic_update, critic_drift or chain_errors')
   bench.main(argv)
 
 

@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 
+from ac2_jax.bench import chain_errors
 from ac2_jax.controller import readiness
 from ac2_jax.train import (checkpoint_eval, compare, compare_report, critic_panels, experiment,
                            loop)
@@ -160,13 +161,6 @@ def test_parse_methods_and_configs(compared, train_base):
   s = _settings(train_base, compared['root'])
   c = compare.run_config(s, m, 1)
   assert (c.seed, c.eval.every, c.controller.no_audit, c.num_steps) == (1, 2, True, STEPS)
-  # `long` is `bench` with 24-line chains under leading credit, for every method alike.
-  for method in ('ac2:self_check', 'grpo', 'prefix_grpo'):
-    parsed = compare.parse_method(method)
-    long, bench = (compare.load_config(CONFIGS, parsed, arg) for arg in ('long', 'bench'))
-    assert (long.task.builtin_steps, long.task.builtin_scoring) == (24, 'leading_fine')
-    assert long.eval.to_dict() == bench.eval.to_dict() and long.num_steps == bench.num_steps
-    assert long.controller.response_budget > bench.controller.response_budget
 
 
 def test_summarize_pass_at_k_by_hand():
@@ -209,6 +203,20 @@ def test_evaluate_workdir_step_and_hf(compared, train_base, tmp_path):
                                            scratch_dir=str(tmp_path), **kwargs)
   assert hf['kind'] == 'hf' and hf['decoding_flops_cum'] is None
   assert 0.0 <= hf['mean_at_n'] <= 1.0 and math.isfinite(hf['best_of_n'])
+
+
+def test_chain_errors_of_a_run(compared, train_base, capsys):
+  mp = compared['mp']
+  mp.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  workdir = compare.run_dir(_settings(train_base, compared['root']),
+                            compare.parse_method('grpo'), 0)
+  chain_errors.main(['--checkpoint', workdir, '--problems', '2', '--responses', '3'])
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == f'{workdir}, step {STEPS}' and 'over 6 responses' in out[1]
+  histogram = [int(n) for n in out[2].rsplit(': ', 1)[1].split()]
+  assert sum(histogram) == 6
+  with pytest.raises(SystemExit, match='--problems'):
+    chain_errors.main(['--checkpoint', workdir, '--problems', '0'])
 
 
 def test_report_reaches_by_hand(tmp_path):

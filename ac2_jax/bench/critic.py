@@ -407,9 +407,7 @@ def main(argv: Sequence[str]) -> None:
   rt, algorithm, state = experiment.build(config, args.workdir, log=lambda *a: None)
   if args.checkpoint:
     try:
-      source = checkpoint_eval.resolve(args.checkpoint)
-      if source.workdir is None:
-        raise ValueError(f'{source.path!r} is not a run (a workdir or WORKDIR/checkpoints/<step>)')
+      source = checkpoint_eval.resolve_run(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
       raise SystemExit(f'{prog}: --checkpoint: {e}') from None
     step, state, _ = checkpoint_eval.restore_run_state(source, config, state)

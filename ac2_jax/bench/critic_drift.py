@@ -90,10 +90,7 @@ def main(argv: Sequence[str]) -> None:
     raise SystemExit('bench.py critic_drift: --draws must be >= 1')
   from ac2_jax.train import checkpoint_eval, experiment
   try:
-    source = checkpoint_eval.resolve(args.checkpoint)
-    if source.workdir is None:
-      raise ValueError(f'{source.path!r} is not a run (a workdir or WORKDIR/checkpoints/<step>)')
-    config = checkpoint_eval.run_config(source.workdir)
+    source, config = checkpoint_eval.load_run(args.checkpoint)
   except (FileNotFoundError, ValueError) as e:
     raise SystemExit(f'bench.py critic_drift: --checkpoint: {e}') from None
   rt, algorithm, warm_state = experiment.build(config, source.workdir, log=lambda *a: None)

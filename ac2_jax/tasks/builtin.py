@@ -33,9 +33,9 @@ block does. Three rules (`ChainSettings.scoring`):
   grader (nothing after the first error counts), but a prefix that holds a wrong line fixes every
   continuation's score, so most replay groups have equal rewards (measured: 55% at K = 8).
 - 'leading_fine': the credit of 'leading' on the points of 'local', 6 c / K as a fraction. At
-  K = 24 'leading' pays in steps of 4 lines, and 8 responses whose first mistakes differ by up to
-  3 lines score alike: GRPO from a 0.18 warm start had equal rewards in 69% of its groups by step
-  48 and stopped at 0.27 (session 23, BENCHMARKS.md).
+  K = 24 'leading' pays in steps of 4 lines, and responses whose first mistakes differ by up to 3
+  lines score alike: GRPO had equal rewards in 47% of its groups after step 40 ('leading_fine':
+  17%; session 23, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ _PROMPT = ('Start at {start} and apply modulo {modulus}:{steps}\n'
 _PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+): ((?:[+\-*]\d+ ?)+)\n')
 # Labelled steps, one per line, so that a label is the same token in the prompt as at the start of
 # its line in the response (after a line break, which is always one token).
-_LABELLED_PROMPT_RE = re.compile(r'Start at (\d+) and apply modulo (\d+):\n((?:[a-z][+\-*]\d+\n)+)')
+_LABELLED_PROMPT_RE = re.compile(
+    r'Start at (\d+) and apply modulo (\d+):\n((?:[a-z][+\-*]\d+\n)+)')
 _STEP_RE = re.compile(r'([+\-*])(\d+)')
 # One worked step: previous value, the step, the new value ('11-5=6'). Writing the previous value
 # makes every step a local computation, which a small model learns in minutes. A labelled chain
@@ -114,9 +115,10 @@ class ChainSettings:
   validation_every: int = 8
   scoring: str = 'local'  # one of SCORINGS (see the module docstring)
   critic_prompt: str = 'long'  # 'long' | 'short' | 'beside' (see critic_instruction)
-  # Each step's letter in the prompt ('a-1 b+2') and at the start of its line ('b4+2=6'): the
-  # solver finds step i by its letter instead of by counting steps. Without it the 4-layer
-  # `tiny` policy writes the wrong step from about the 9th of 24 on (session 23, BENCHMARKS.md).
+  # Each step's letter on its own prompt line ('a-1', 'b+2') and at the start of its response
+  # line ('b4+2=6'): the solver finds step i by its letter instead of by counting steps. Without
+  # it the 4-layer `tiny` policy writes the wrong step from about the 9th of 24 on (session 23,
+  # BENCHMARKS.md).
   labels: bool = False
 
   def __post_init__(self):

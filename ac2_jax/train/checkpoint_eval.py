@@ -54,6 +54,14 @@ def resolve(path: str) -> Source:
                    f'*.safetensors)')
 
 
+def resolve_run(path: str) -> Source:
+  """`resolve` for a run only: its workdir or one of its checkpoint steps, not an HF directory."""
+  source = resolve(path)
+  if source.workdir is None:
+    raise ValueError(f'{source.path!r} is not a run (a workdir or WORKDIR/checkpoints/<step>)')
+  return source
+
+
 def run_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run was trained with (its workdir's config.json). A key added since the run was
   written takes the value that reproduces it (`run_record.ADDED_KEYS`), a section added since
@@ -70,6 +78,12 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         node = node.setdefault(part, {})
       node[leaf] = run_record.ADDED_KEYS.get(key, defaults[key])
   return ml_collections.ConfigDict(stored)
+
+
+def load_run(path: str) -> tuple[Source, ml_collections.ConfigDict]:
+  """(`resolve_run(path)`, the run's config): what a tool reading a run's checkpoint starts from."""
+  source = resolve_run(path)
+  return source, run_config(source.workdir)
 
 
 def restore_run_state(source: Source, c: ml_collections.ConfigDict, state):

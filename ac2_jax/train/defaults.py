@@ -53,7 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.rl_problems = 256
   c.task.builtin_num_validation = 256
   c.task.builtin_vocab_size = 512
-  c.task.builtin_scoring = 'local'  # 'local' | 'leading' | 'leading_fine' (tasks/builtin.py says why)
+  c.task.builtin_scoring = 'local'  # one of tasks/builtin.py's SCORINGS (it says why each exists)
   # 'long' | 'short' | 'beside' critic instruction. Short: the long one is 69 of a tiny model's
   # tokens, the short one 7, so the critic's context holds the attempt and the reference (critic
   # reads and updates about 1.5x shorter). Beside (the chain only): the short question with the
@@ -298,20 +298,17 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 # The config arguments every config file takes (besides its own): `tiny` and `cpu` name the default.
-SHARED_ARGUMENTS = ('qwen3_4b', 'bench', 'long', 'walk', 'tiny', 'cpu')
+SHARED_ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'tiny', 'cpu')
 
 
 def apply_shared_arguments(c: ml_collections.ConfigDict, parts
                            ) -> ml_collections.ConfigDict:
   """The shared config arguments among `parts`, in this order: `qwen3_4b` (paper scale), `bench`
-  (launch/compare.py's setting, bench_setting.py) or `long` (`bench` with 24-line chains under
-  leading-line credit), `walk` (the built-in walk task)."""
+  (launch/compare.py's setting, bench_setting.py), `walk` (the built-in walk task)."""
   from ac2_jax.train import bench_setting  # a sibling that imports nothing of ours
   if 'qwen3_4b' in parts:
     c = paper_scale(c)
-  if 'long' in parts:
-    c = bench_setting.apply_long(c)
-  elif 'bench' in parts:
+  if 'bench' in parts:
     c = bench_setting.apply_bench(c)
   if 'walk' in parts:
     c = walk_task(c)
