@@ -29,11 +29,11 @@ seed-0 warm start GRPO at 3x the actor learning rate (3e-4) ends at 0.435, where
 Tried in session 22: leading-line credit (task.builtin_scoring 'leading') with step mistakes 0.3
 starts at 0.227 / 0.323 on seeds 0 / 1 (0.15: 0.630 on seed 0), but on seed 1 GRPO is at 0.97 by
 step 10; on seed 0 AC2 led GRPO per decoding FLOP by 0.98-1.39x to step 50, then stopped at 0.93.
-Tried in session 23 (BENCHMARKS.md): K = 24 under leading credit (step mistakes 0.2, 1,400 SFT steps,
-seq_len 320, critic_seq_len 640, response_budget 240, critic.max_context 640). Unlabelled, GRPO stops
-at 0.27 ('leading') or 0.32 ('leading_fine'): the policy cannot find a step past the 9th in the
-prompt. With task.builtin_labels it can (first mistakes spread over all 24 lines), the warm start
-scores 0.43 and GRPO reaches 0.90 by step 10: sharpening a policy that knows every result is fast.
+Tried in session 23 (BENCHMARKS.md): K = 24 under leading credit, step mistakes 0.2, 1,400 SFT steps.
+Unlabelled, GRPO stops at 0.27 ('leading') or 0.32 ('leading_fine'): the policy cannot find a step past
+the 9th in the prompt. With task.builtin_labels it can (first mistakes spread over all 24 lines; sizes
+seq_len 320, critic_seq_len 640, response_budget 240, critic.max_context 640), the warm start scores
+0.43 and GRPO reaches 0.90 by step 10: sharpening a policy that knows every result is fast.
 """
 
 from __future__ import annotations
@@ -56,4 +56,3 @@ def apply_bench(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.num_problems = 128
   c.eval.num_responses = 8
   return c
-
