@@ -171,6 +171,22 @@ def test_golden_step_metrics(train_base, tmp_path, monkeypatch, name):
       elif not _close(got[step][key], value):
         problems.append(f'step {step}: {key} = {got[step][key]!r}, recorded {value!r}')
   assert not problems, '\n'.join(problems)
+  _check_by_kind(name, got)
+
+
+def _check_by_kind(name, got):
+  """The per-kind tokens and FLOPs (added after the recording) add up to the step's totals."""
+  if name == 'grpo':  # no request kinds
+    return
+  kinds = ('refill', 'cold_start', 'unready', 'ready_chunk', 'audit')
+  for step, m in got.items():
+    assert sum(m[f'tokens/{k}'] for k in kinds) == m['tokens_generated'], step
+    assert math.isclose(sum(m[f'flops/{k}'] for k in kinds), m['decoding_flops'], rel_tol=1e-9)
+    assert m['tokens/refill'] > 0 and m['flops/refill'] > 0
+  if name == 'ac2':  # step 2 plans ready chunks: at most b new tokens a row
+    bound = (got['2']['num_ready_chunk'] * PINNED['controller.group_size']
+             * PINNED['controller.chunk_size'])
+    assert 0 < got['2']['tokens/ready_chunk'] <= bound
 
 
 def test_golden_runs_are_not_degenerate():

@@ -49,6 +49,7 @@ class ChunkRow:
   to_critic: bool = False        # route: the critic scores the endpoint, else the judge
   grade: Grade | None = None     # score of a judged row
   critic_value: float | None = None  # score of a routed row (None: invalid read)
+  decoding_flops: float = 0.0    # F(p, g) of this row's generation
 
   @property
   def actor_value(self) -> float:
@@ -138,12 +139,12 @@ class AC2(base.Algorithm):
         caps.append(req.max_new_tokens)
         budgets.append(req.remaining_budget)
     short_cap = self.settings.chunk_size if self.settings.chunk_calls else 0
-    rollouts, flops = rows_lib.generate_rows(rt, params, contexts, prefix_lens, problems, caps,
-                                             budgets, key, rt.train_sampling, short_cap)
+    rollouts, flops_N = rows_lib.generate_rows(rt, params, contexts, prefix_lens, problems, caps,
+                                               budgets, key, rt.train_sampling, short_cap)
     texts = rows_lib.response_texts(rt, rollouts)
-    rows = [ChunkRow(r, plan.requests[r], rollout, text)
-            for r, rollout, text in zip(owners, rollouts, texts)]
-    return StepData(plan, rows, flops)
+    rows = [ChunkRow(r, plan.requests[r], rollout, text, decoding_flops=float(f))
+            for r, rollout, text, f in zip(owners, rollouts, texts, flops_N)]
+    return StepData(plan, rows, float(np.sum(flops_N)))
 
   def route(self, rt: Runtime, data: StepData) -> None:
     for row in data.rows:
@@ -386,6 +387,7 @@ class AC2(base.Algorithm):
         'rows_trained': len(trained),
         'tokens_generated': int(sum(len(r.rollout.new_N) for r in data.rows)),
         'decoding_flops': data.decoding_flops,
+        **_by_kind(data),
         **{f'actor1/{k}': v for k, v in updates['actor1'].items()},
         **{f'actor2/{k}': v for k, v in updates['actor2'].items()},
         **{f'critic/{k}': v for k, v in updates['critic'].items()},
@@ -402,6 +404,17 @@ class AC2(base.Algorithm):
       if row.request.kind != RequestKind.REFILL:
         groups.setdefault(row.request_index, []).append(row.actor_value)
     return list(groups.values())
+
+
+def _by_kind(data: StepData) -> dict[str, float]:
+  """New tokens and decoding FLOPs per request kind: where a step's decoding goes (refills are
+  never trained on; ready chunks are what AC2 saves against full continuations)."""
+  out = {}
+  for kind in RequestKind:
+    rows = data.rows_of(kind)
+    out[f'tokens/{kind}'] = int(sum(len(r.rollout.new_N) for r in rows))
+    out[f'flops/{kind}'] = float(sum(r.decoding_flops for r in rows))
+  return out
 
 
 # Jitted, so the per-group arithmetic runs as one program on inputs uploaded explicitly (no

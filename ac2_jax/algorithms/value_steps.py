@@ -88,7 +88,7 @@ def sample(rt: Runtime, params, s: RolloutSettings, seed: int, purpose: str, ste
   for row in rows:
     row.weight = 1.0
   rewards_R = np.array([g.reward for g in grades], np.float32)
-  return Rollouts(rows, rewards_R, sum(not g.valid for g in grades), flops)
+  return Rollouts(rows, rewards_R, sum(not g.valid for g in grades), float(np.sum(flops)))
 
 
 def read(rt: Runtime, state, data: Rollouts, timer: timing.PhaseTimer) -> None:

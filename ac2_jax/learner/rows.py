@@ -48,9 +48,10 @@ class Row:
 def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_lens: Sequence[int],
                   problem_indices: Sequence[int], caps: Sequence[int], budgets: Sequence[int],
                   key: jax.Array, settings: sampling.SamplingSettings, short_cap: int = 0
-                  ) -> tuple[list[Row], float]:
-  """Samples one continuation per context; returns the rows and their decoding FLOPs. Rows whose
-  cap is at most `short_cap` decode in calls of their own (`sampling.generate`)."""
+                  ) -> tuple[list[Row], np.ndarray]:
+  """Samples one continuation per context; returns the rows and each row's decoding FLOPs
+  (float64, `flops.decoding_flops`). Rows whose cap is at most `short_cap` decode in calls of
+  their own (`sampling.generate`)."""
   out = sampling.generate(rt.model_config, params, list(contexts), np.asarray(caps),
                           settings, key, (rt.tokenizer.eos_id,),
                           budget_new_tokens=np.asarray(budgets), mesh=rt.mesh,
@@ -59,9 +60,9 @@ def generate_rows(rt: Runtime, params, contexts: Sequence[np.ndarray], prefix_le
   rows = [Row(int(problem_indices[i]), np.asarray(contexts[i], np.int32), int(prefix_lens[i]),
               out.tokens(i), out.logprobs(i), out.entropies(i), str(out.stop_reason_N[i]))
           for i in range(len(out))]
-  cost = flops.decoding_flops(rt.model_config, np.array([len(c) for c in contexts]),
-                              out.num_new_N.astype(np.int64))
-  return rows, float(np.sum(cost))
+  flops_N = flops.decoding_flops(rt.model_config, np.array([len(c) for c in contexts]),
+                                 out.num_new_N.astype(np.int64))
+  return rows, flops_N
 
 
 # A critic update's records are split by length only when each part keeps at least this many rows.
