@@ -90,6 +90,12 @@ def test_compare_writes_json_and_plots(compared):
   for p in report['plots']:
     assert os.path.getsize(p) > 1000
   assert 'grpo' in report['table'] and 'time per step by phase' in report['table']
+  ac2_tokens = report['methods']['ac2']['tokens_per_step']
+  assert ac2_tokens['tokens/ready_chunk'] > 0 and ac2_tokens['tokens/refill'] > 0
+  kinds = [v for k, v in ac2_tokens.items() if k.startswith('tokens/')]
+  assert sum(kinds) == pytest.approx(ac2_tokens['tokens_generated'])
+  assert set(report['methods']['grpo']['tokens_per_step']) == {'tokens_generated'}
+  assert 'ready_chunk=' in report['table']
   assert any('eta=' in line and line.startswith('[1/2 grpo seed 0] step=') for line in
              compared['lines'])
 

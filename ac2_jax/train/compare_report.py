@@ -33,6 +33,7 @@ def run_curves(workdir: str) -> dict:
   wall, evals = 0.0, {'step': [], 'score': [], 'best_of_n': [], 'flops': [], 'wall_s': []}
   per_step = {'step': [], **{k: [] for k in PER_STEP}}
   phases: dict[str, list[float]] = {}
+  tokens: dict[str, list[float]] = {}
   for r in records:
     wall += r.get('step_time') or 0.0
     if r['step'] > 0:
@@ -40,8 +41,12 @@ def run_curves(workdir: str) -> dict:
       for k in PER_STEP:
         per_step[k].append(r.get(k))
       for k, v in r.items():
-        if (k.startswith('time/') or k == 'step_time') and v is not None:
+        if v is None:
+          continue
+        if k.startswith('time/') or k == 'step_time':
           phases.setdefault(k, []).append(v)
+        elif k.startswith('tokens/') or k == 'tokens_generated':
+          tokens.setdefault(k, []).append(v)
     if r.get(SCORE) is not None:
       evals['step'].append(r['step'])
       evals['score'].append(r[SCORE])
@@ -50,6 +55,7 @@ def run_curves(workdir: str) -> dict:
       evals['wall_s'].append(wall)
   return {'eval': evals, 'per_step': per_step,
           'time_per_step': {k: float(np.mean(v)) for k, v in sorted(phases.items())},
+          'tokens_per_step': {k: float(np.mean(v)) for k, v in sorted(tokens.items())},
           'last_step': records[-1]['step'] if records else 0}
 
 
@@ -126,11 +132,16 @@ def _reach_row(reaches: list[dict], prefix: str = '') -> dict:
   }
 
 
-def _method_row(runs: list[dict]) -> dict:
-  phases = {}
+def _mean_per_step(runs: list[dict], section: str) -> dict:
+  """A per-step mean of each run (time by phase, tokens by kind), averaged over the runs."""
+  out = {}
   for r in runs:
-    for k, v in r['curves']['time_per_step'].items():
-      phases.setdefault(k, []).append(v)
+    for k, v in r['curves'].get(section, {}).items():
+      out.setdefault(k, []).append(v)
+  return {k: float(np.mean(v)) for k, v in sorted(out.items())}
+
+
+def _method_row(runs: list[dict]) -> dict:
   return {
       'seeds': [r['seed'] for r in runs],
       'peak_mean': _mean([r['peak'] for r in runs]),
@@ -139,7 +150,8 @@ def _method_row(runs: list[dict]) -> dict:
       'start_score': _mean([(r['curves']['eval']['score'] or [None])[0] for r in runs]),
       **_reach_row([r['reach'] for r in runs if r['reach'] is not None]),
       **_reach_row([r['reach90'] for r in runs if r.get('reach90') is not None], 'gain90_'),
-      'time_per_step': {k: float(np.mean(v)) for k, v in sorted(phases.items())},
+      'time_per_step': _mean_per_step(runs, 'time_per_step'),
+      'tokens_per_step': _mean_per_step(runs, 'tokens_per_step'),
   }
 
 
@@ -169,6 +181,11 @@ def table(report: dict) -> str:
   lines.append('time per step by phase (s, mean over steps and seeds):')
   for spec, m in report['methods'].items():
     parts = ' '.join(f'{k.removeprefix("time/")}={v:.2f}' for k, v in m['time_per_step'].items())
+    lines.append(f'  {spec:26s} {parts}')
+  lines.append('new tokens per step by request kind (mean over steps and seeds):')
+  for spec, m in report['methods'].items():
+    parts = ' '.join(f'{k.removeprefix("tokens/")}={v:.0f}'
+                     for k, v in m.get('tokens_per_step', {}).items())
     lines.append(f'  {spec:26s} {parts}')
   return '\n'.join(lines)
 
