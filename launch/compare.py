@@ -4,6 +4,8 @@
     --root=/tmp/compare
   python launch/compare.py --methods=ac2,ac2:no_local_readiness,ac2:chunk_small --config_arg=bench \
     --root=/tmp/ablations --quick
+  python launch/compare.py --methods=grpo,ac2 --config_arg=bench --root=/tmp/compare \
+    --set=num_steps=40 --set_for=ac2/critic.warmup=0:4000
 
 A rerun with the same --root skips finished runs and resumes unfinished ones. Writes
 ROOT/compare.json and ROOT/plots/*.png and prints the table (ac2_jax/train/compare.py). SIGTERM or
@@ -33,6 +35,10 @@ _EVAL_PROBLEMS = flags.DEFINE_integer('eval_problems', 128, 'Validation problems
 _EVAL_RESPONSES = flags.DEFINE_integer('eval_responses', 8, 'Responses per validation problem.')
 _SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE config override of every run (Python '
                                  'literal values), e.g. --set=num_steps=40.')
+_SET_FOR = flags.DEFINE_multi_string('set_for', [], 'METHOD/KEY=VALUE override of the runs of one '
+                                     'method: a config name (every variant) or one spec, e.g. '
+                                     '--set_for=ac2/critic.warmup=0:4000 or '
+                                     '--set_for=ac2:no_audit/num_steps=20.')
 flags.mark_flags_as_required(['root'])
 
 
@@ -41,6 +47,14 @@ def _literal(text):
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
     return text
+
+
+def _method_override(text):
+  selector, slash, assignment = text.partition('/')
+  key, eq, value = assignment.partition('=')
+  if not (slash and eq and selector and key):
+    raise app.UsageError(f'--set_for={text!r}: expected METHOD/KEY=VALUE')
+  return selector, key, _literal(value)
 
 
 def main(argv):
@@ -56,7 +70,7 @@ def main(argv):
       configs_dir=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs'),
       config_arg=_CONFIG_ARG.value, quick=_QUICK.value, eval_every=_EVAL_EVERY.value,
       eval_problems=_EVAL_PROBLEMS.value, eval_responses=_EVAL_RESPONSES.value,
-      overrides=overrides))
+      overrides=overrides, method_overrides=tuple(_method_override(t) for t in _SET_FOR.value)))
   if report.get('stopped'):  # preempted: the stopped run saved its checkpoint
     sys.exit(cli.EXIT_PREEMPTED)
 

@@ -169,6 +169,20 @@ def test_parse_methods_and_configs(compared, train_base):
   assert (c.seed, c.eval.every, c.controller.no_audit, c.num_steps) == (1, 2, True, STEPS)
 
 
+def test_method_overrides_reach_only_the_methods_they_name(train_base, tmp_path):
+  s = dataclasses.replace(_settings(train_base, str(tmp_path)), method_overrides=(
+      ('ac2', 'critic.warmup', '0:40'), ('ac2:no_audit', 'num_steps', 7)))
+  plain, no_audit, grpo = (compare.parse_method(m) for m in ('ac2', 'ac2:no_audit', 'grpo'))
+  assert compare.run_config(s, plain, 0).critic.warmup == '0:40'
+  assert compare.run_config(s, plain, 0).num_steps == STEPS
+  c = compare.run_config(s, no_audit, 0)
+  assert (c.critic.warmup, c.num_steps) == ('0:40', 7)
+  assert compare.run_config(s, grpo, 0).num_steps == STEPS  # GRPO's config has no critic.warmup
+  compare.check_method_overrides(s, [plain, no_audit, grpo])
+  with pytest.raises(ValueError, match='ac2:no_audit/num_steps names no method'):
+    compare.check_method_overrides(s, [plain, grpo])
+
+
 def test_summarize_pass_at_k_by_hand():
   scores = np.array([[1.0, 0.0, 0.5, 1.0],   # c = 2 of n = 4
                      [0.0, 0.0, 0.0, 0.0],   # c = 0

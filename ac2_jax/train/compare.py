@@ -79,6 +79,10 @@ class CompareSettings:
   eval_problems: int = 128
   eval_responses: int = 8
   overrides: tuple[tuple[str, Any], ...] = ()  # dotted config keys applied to every run, last
+  # (selector, dotted key, value): applied after `overrides` to the runs of the methods the selector
+  # names, a config name ('ac2': every AC2 variant) or one spec ('ac2:no_audit'); e.g. a critic
+  # setting that GRPO's config has no key for.
+  method_overrides: tuple[tuple[str, str, Any], ...] = ()
 
   @property
   def run_seeds(self) -> tuple[int, ...]:
@@ -116,7 +120,19 @@ def run_config(s: CompareSettings, method: Method, seed: int) -> ml_collections.
   c.checkpoint_every = s.eval_every
   if s.quick:
     c.num_steps = min(c.num_steps, QUICK_STEPS)
-  return apply_overrides(c, dict(s.overrides))
+  apply_overrides(c, dict(s.overrides))
+  return apply_overrides(c, {key: value for selector, key, value in s.method_overrides
+                             if selector in (method.spec, method.config_name)})
+
+
+def check_method_overrides(s: CompareSettings, methods: list[Method]) -> None:
+  """Raises ValueError for a per-method override that names no method of the comparison (a typo
+  would otherwise change nothing, silently)."""
+  names = {n for m in methods for n in (m.spec, m.config_name)}
+  for selector, key, _ in s.method_overrides:
+    if selector not in names:
+      raise ValueError(f'override {selector}/{key} names no method of this comparison '
+                       f'({", ".join(m.spec for m in methods)})')
 
 
 def run_dir(s: CompareSettings, method: Method, seed: int) -> str:
@@ -158,6 +174,7 @@ def warm_start(c: ml_collections.ConfigDict, root: str, seed: int, log=print) ->
 def run_all(s: CompareSettings, log=print) -> list[dict]:
   """Trains (or skips, or resumes) every run; returns [{method, seed, workdir, status}]."""
   methods = [parse_method(m) for m in s.methods]
+  check_method_overrides(s, methods)
   plan = [(m, seed, run_config(s, m, seed)) for seed in s.run_seeds for m in methods]
   for seed in s.run_seeds:  # one warm start per seed: its methods must agree on what it reads
     check_shared_warm_start({m.spec: c for m, sd, c in plan if sd == seed}, f' (seed {seed})')
