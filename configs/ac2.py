@@ -122,12 +122,19 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       its greedy result there is the one written (critic.self_check, a departure:
                       the critic never learned that check from its loss, BENCHMARKS.md "Session 20"),
                       after a warm-up of 9,000 exact prefix values cut anywhere, two-hot
+  reference_check     the critic reads each worked line marked with whether it is the reference's
+                      line (critic.reference_check, a departure standing in for a critic that can
+                      compare an attempt with its reference, which the tiny one never learned:
+                      BENCHMARKS.md "Session 13", "Session 20"; where the policy has facts to
+                      learn, sft.blind_fraction, its self-check is a guess and this is not), after
+                      self_check's warm-up, two-hot
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
-            'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check')
+            'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
+            'reference_check')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -160,8 +167,8 @@ def apply_variant(c, name: str):
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'
-  elif name == 'self_check':
-    c.critic.self_check = True
+  elif name in ('self_check', 'reference_check'):
+    c.critic[name] = True
     c.critic.warmup = SELF_CHECK_WARMUP
     c.critic.target = 'two_hot'
   else:

@@ -122,7 +122,7 @@ def test_critic_reads_stay_in_the_tokenizer_vocabulary(padded):
   rt = types.SimpleNamespace(
       model_config=CONFIG, mesh=None, max_total_len=64, max_sample_batch=None,
       valid_vocab_size=VALID, critic_context=lambda prompt, response, ref: prompt,
-      critic_self_check=False, tokenizer=types.SimpleNamespace(eos_id=VALID - 1, decode=decode))
+      critic_marks='', tokenizer=types.SimpleNamespace(eos_id=VALID - 1, decode=decode))
   values = rows.critic_reads(rt, padded, CONTEXTS, [None] * 3, [None] * 3)
   assert values == [0.5] * 3 and decoded == [r.tolist() for r in reads]
   # The one-forward readout normalises over the same support.

@@ -81,7 +81,7 @@ def test_self_checked_prompts_carry_the_policys_greedy_check(built):
     said += by_hand
   assert True in said and False in said
   # The paper's critic: prompts as they are.
-  plain = dataclasses.replace(rt, critic_self_check=False)
+  plain = dataclasses.replace(rt, critic_marks='')
   assert all(a is b for a, b in zip(rows.self_checked(plain, noisy, contexts), contexts))
   # A prompt that no longer fits once marked is dropped, like one that never fit; None stays.
   tight = dataclasses.replace(rt, max_total_len=len(contexts[1]) + sampling.MAX_VALUE_TOKENS)
@@ -106,7 +106,7 @@ def test_a_self_checking_run_trains_and_reads_marked_prompts(train_base, tmp_pat
   real = rows.self_checked
 
   def counted(rt, params, contexts):
-    calls.append(rt.critic_self_check)
+    calls.append(rt.critic_marks)
     return real(rt, params, contexts)
 
   monkeypatch.setattr(rows, 'self_checked', counted)
@@ -143,3 +143,49 @@ def test_exact_probe_reports_the_self_check(built):
   with pytest.raises(ValueError, match='without --rationale'):
     critic_exact.run(rt, state, dataclasses.replace(settings, rationale='inline'),
                      log=lambda *_: None)
+
+
+def test_reference_marks_say_which_lines_are_the_references(built):
+  """`critic.reference_check`: a line is marked y when its input, step and result are the
+  reference's line of the same index; lines are indexed as the scorer reads the thinking."""
+  rt, _, _ = built
+  tok = rt.tokenizer
+  marking = dataclasses.replace(rt, critic_marks='reference')
+  reference = '3+2=5\n5*3=1\n1-4=4\n<answer>4</answer>'
+  # Right, a wrong result, a right result of the wrong step, and an unfinished line (not checked).
+  context = _context(rt, '3+2=5\n5*3=2\n1-3=4\n4-1', reference=reference)
+  got = rows.self_checked(marking, None, [context])[0]
+  assert '3+2=5y\n5*3=2n\n1-3=4n\n4-1' in tok.decode(got.tolist())
+  # A line without a result still counts as a line: the next one is compared with line 2.
+  context = _context(rt, '3+2=5\n5+1\n1-4=4\n', reference=reference)
+  spans = self_check.result_spans(tok, context)
+  assert self_check.attempt_lines(tok, context, spans) == [(0, '3+2=5'), (2, '1-4=4')]
+  assert rows.reference_verdicts(marking, [context])[0][1] == [True, True]
+  # Past the reference's last line, or with no reference in the prompt: unmarked or wrong.
+  context = _context(rt, '3+2=5\n5*3=1\n1-4=4\n4+1=5\n', reference=reference)
+  assert rows.reference_verdicts(marking, [context])[0][1] == [True, True, True, False]
+  bare = _context(rt, '3+2=5\n', reference=None)
+  assert rows.reference_verdicts(marking, [bare])[0][1] is None
+  assert np.array_equal(rows.self_checked(marking, None, [bare])[0], bare)
+
+
+def test_reference_check_is_a_setting_of_the_chain_and_of_ac2(train_base):
+  c = load_config('ac2', 'bench,adapter,reference_check')
+  assert c.critic.reference_check and not c.critic.self_check and c.critic.warmup
+  experiment.validate(c)
+  assert experiment.critic_marks(c) == 'reference'
+  assert experiment.critic_marks(load_config('ac2', 'bench,self_check')) == 'self'
+  other = c.copy_and_resolve_references()
+  other.critic.reference_check, other.critic.self_check = False, True
+  assert (experiment.critic_warmup_key(c, '/ckpt')
+          != experiment.critic_warmup_key(other, '/ckpt'))
+  with pytest.raises(experiment.ConfigError, match='set one'):
+    experiment.validate(_both(other))
+  with pytest.raises(experiment.ConfigError, match='critic.reference_check'):
+    experiment.validate(tiny_config(train_base, 'grpo', critic__reference_check=True))
+
+
+def _both(c):
+  c = c.copy_and_resolve_references()
+  c.critic.reference_check = c.critic.self_check = True
+  return c

@@ -268,7 +268,7 @@ def _batch(rt, state, records_batch, records: Sequence[_Record], contexts=None):
   if contexts is None:
     contexts = [rt.critic_context(rt.prompt_ids_by_id[r.problem_id], r.prefix_tokens_P,
                                   r.reference) for r in records]
-  if rt.critic_self_check:
+  if rt.critic_marks:
     from ac2_jax.learner import rows as rollouts
     contexts = rollouts.self_checked(rt, state.params, contexts)
   keep = [i for i, c in enumerate(contexts) if c is not None]

@@ -260,8 +260,9 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   """Trains the critic alone on exact-valued corpus prefixes (`critic_warmup.train`: the stages of
   `settings.stages()`); evaluates on held-out problems, cut as the last stage cuts (the baselines'
   figures too) and as each earlier stage cuts (`by_cut`: the critic's figures alone)."""
-  if rt.critic_self_check and settings.rationale:
-    raise ValueError('critic.self_check marks the lines itself: run it without --rationale')
+  if rt.critic_marks and settings.rationale:
+    raise ValueError('critic.self_check / critic.reference_check mark the lines themselves: run '
+                     'without --rationale')
   stages = settings.stages()
   final_cut = stages[-1][0] if stages else settings.cut_lines
   cuts = sorted({cut for cut, _ in stages} - {final_cut})
@@ -289,7 +290,7 @@ def run(rt, state, settings: ExactSettings, *, log=print, on_report=None, on_tra
   curve, start = [], time.time()
 
   def read(params, policy, h):
-    if rt.critic_self_check:  # the prompts as the run's critic reads them
+    if rt.critic_marks:  # the prompts as the run's critic reads them
       checked = rollouts.self_checked(rt, policy, [p.context for p in h])
       return {**figures(expected_reads(rt, params, h, checked), h, constant),
               'self_check_accuracy': self_check_accuracy(rt, policy, h)}

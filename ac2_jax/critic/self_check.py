@@ -1,5 +1,6 @@
-"""The critic's self-check: each worked line of the attempt marked with whether the policy itself
-would have written its result (a departure from the paper's critic, `critic.self_check`).
+"""The critic's line marks: each worked line of the attempt marked with whether the policy itself
+would have written its result (`critic.self_check`), or with whether it is the reference's line
+(`critic.reference_check`); both departures from the paper's critic.
 
 Why: on the built-in chain a line is right when its result follows from what it wrote, and the
 policy's own forward, at the result's position, predicts that result (greedy 99.4% right on the
@@ -10,6 +11,17 @@ lives: one forward of the critic prompt (whose attempt is the policy's own conte
 token) gives the greedy digit at each written result, and a verdict token ('y'/'n', after the
 result, before the line break) says whether they agree. The critic then reads the value of the
 marked prompt. The verdicts are the host's, never trained: the critic's loss stays the value's.
+
+Why the reference check: the self-check can only be as right as the policy. Where the policy has
+facts to learn (the chain's blind facts, `sft.blind_fraction`), its greedy digit at a blind line
+is a guess, so the self-check marks a luckily right line wrong exactly where credit matters. The
+paper's critic compares the attempt with the reference solution in its prompt; the tiny critic
+does not learn that comparison (reads uncorrelated after 24,000-48,000 pairs, with the reference a
+whole attempt away or six tokens away: BENCHMARKS.md, "Session 13", "Session 17", "Session 20").
+So the host makes the comparison the critic's prompt already allows: the verdict token says
+whether the line is the reference's line of the same index. The value the critic reads from the
+marked prompt (what the rest of the reply will earn) is still learnt. It stands in for a critic
+large enough to compare, and measures what AC2's chunks can save when the critic can.
 
 A line is a worked step 'a op b=c' ending in a line break, between `<think>` and `</think>`;
 its result is the tokens between '=' and the break. A line cut before its break is not checked.
@@ -23,6 +35,8 @@ import numpy as np
 
 from ac2_jax import tokenization
 from ac2_jax.critic import prompt
+
+MARKS = ('', 'self', 'reference')  # none (the paper's prompt), the policy's check, the reference's
 
 
 def result_spans(tok: tokenization.Tokenizer, context_ids: Sequence[int]
@@ -80,3 +94,30 @@ def verdicts_from(context_ids: Sequence[int], spans: Sequence[tuple[int, int]],
     verdicts.append(bool(np.array_equal(predicted[k:k + end - first], written)))
     k += end - first
   return verdicts
+
+
+def attempt_lines(tok: tokenization.Tokenizer, context_ids: Sequence[int],
+                  spans: Sequence[tuple[int, int]]) -> list[tuple[int, str]]:
+  """Per result span, its line's index among the attempt's non-empty lines and the line's text up
+  to the result's end (the index a scorer reading the thinking's lines gives it)."""
+  ids = [int(i) for i in context_ids]
+  open_id = tok.token_id(tokenization.THINK_OPEN)
+  line_break = tok.encode('\n')[-1]
+  begin = ids.index(open_id) + 1 if open_id in ids else 0
+  out = []
+  for first, end in spans:
+    start = first
+    while start > begin and ids[start - 1] != line_break:
+      start -= 1
+    before = tok.decode(ids[begin:start])
+    out.append((sum(1 for line in before.split('\n') if line.strip()),
+                tok.decode(ids[start:end]).strip()))
+  return out
+
+
+def after_attempt(tok: tokenization.Tokenizer, context_ids: Sequence[int]) -> str:
+  """The text of the critic prompt after the attempt's `</think>`: the user turn (instruction and
+  reference) and the prefill."""
+  ids = [int(i) for i in context_ids]
+  close_id = tok.token_id(tokenization.THINK_CLOSE)
+  return tok.decode(ids[ids.index(close_id) + 1:]) if close_id in ids else ''

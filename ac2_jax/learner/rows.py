@@ -137,21 +137,40 @@ def self_check_verdicts(rt: Runtime, params, contexts: Sequence[np.ndarray]
   return out
 
 
+def reference_verdicts(rt: Runtime, contexts: Sequence[np.ndarray]
+                       ) -> list[tuple[list[tuple[int, int]], list[bool] | None]]:
+  """Per critic prompt, its lines' result spans and whether each line is the reference's
+  (`critic.reference_check`; None where the prompt shows no reference)."""
+  tok = rt.tokenizer
+  out = []
+  for context in contexts:
+    spans = self_check.result_spans(tok, context)
+    out.append((spans, rt.task.reference_verdicts(self_check.attempt_lines(tok, context, spans),
+                                                  self_check.after_attempt(tok, context))))
+  return out
+
+
 def self_checked(rt: Runtime, policy_params, contexts: Sequence[np.ndarray | None]
                  ) -> list[np.ndarray | None]:
-  """The critic prompts as the critic reads and trains on them: with `rt.critic_self_check`, each
-  worked line marked with the policy's own check, read with `policy_params` (critic/self_check.py;
-  None where the marked prompt no longer fits, as for `rt.critic_context`), else as they are.
+  """The critic prompts as the critic reads and trains on them: each worked line marked as
+  `rt.critic_marks` says (critic/self_check.py; None where the marked prompt no longer fits, as
+  for `rt.critic_context`), else as they are. 'self': the policy's own check, read with
+  `policy_params`; 'reference': whether the line is the reference's (a prompt without the
+  reference stays unmarked).
 
-  The check reads the actor's weights, never an adapter's: trained on values alone, an adapter
-  leaves the results' positions unanchored, and there the merged weights' greedy digit fell from
-  99.4% right to 63% within 21,000 pairs (BENCHMARKS.md, "Session 21")."""
-  if not rt.critic_self_check:
+  The self-check reads the actor's weights, never an adapter's: trained on values alone, an
+  adapter leaves the results' positions unanchored, and there the merged weights' greedy digit
+  fell from 99.4% right to 63% within 21,000 pairs (BENCHMARKS.md, "Session 21")."""
+  if not rt.critic_marks:
     return list(contexts)
   fits = [i for i, c in enumerate(contexts) if c is not None]
+  fitting = [contexts[i] for i in fits]
+  marks = (self_check_verdicts(rt, policy_params, fitting) if rt.critic_marks == 'self'
+           else reference_verdicts(rt, fitting))
   out = list(contexts)
-  for i, (spans, verdicts) in zip(fits, self_check_verdicts(rt, policy_params,
-                                                            [contexts[i] for i in fits])):
+  for i, (spans, verdicts) in zip(fits, marks):
+    if verdicts is None:
+      continue
     ids, _ = self_check.with_verdicts(rt.tokenizer, contexts[i], spans, verdicts)
     out[i] = ids if len(ids) + sampling.MAX_VALUE_TOKENS <= rt.max_total_len else None
   return out
@@ -160,8 +179,9 @@ def self_checked(rt: Runtime, policy_params, contexts: Sequence[np.ndarray | Non
 def critic_contexts(rt: Runtime, policy_params, prompts: Sequence[np.ndarray],
                     responses: Sequence[np.ndarray], references: Sequence[str | None]
                     ) -> list[np.ndarray | None]:
-  """The critic prompt of each (prompt, response, reference), self-checked with `policy_params`
-  when the run's critic is (`self_checked`); None where it does not fit."""
+  """The critic prompt of each (prompt, response, reference), its lines marked when the run's
+  critic marks them (`self_checked`, the self-check read with `policy_params`); None where it
+  does not fit."""
   return self_checked(rt, policy_params, [rt.critic_context(p, r, ref)
                                           for p, r, ref in zip(prompts, responses, references)])
 

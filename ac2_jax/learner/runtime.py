@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ac2_jax import critic, models, sampling, sharding, tokenization
+from ac2_jax.critic import self_check
 from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
@@ -74,8 +75,9 @@ class Runtime:
   critic_step: Callable          # (state, CriticBatch, lr) -> (state, metrics)
   critic_readout: str = 'greedy'  # how a critic value is read (learner.rows.READOUTS)
   critic_target: str = 'rounded'  # how a critic target becomes tokens (critic.TARGETS)
-  # The critic reads each worked line marked with the policy's own check (critic/self_check.py).
-  critic_self_check: bool = False
+  # How the critic's prompt marks each worked line (critic/self_check.py, MARKS): '' (the
+  # paper's prompt), 'self' (the policy's own check), 'reference' (whether it is the reference's).
+  critic_marks: str = ''
   # (state) -> the weights the critic reads with: the policy's, or W + A B with an adapter.
   critic_params: Callable = critic_adapter.critic_params
   # The separate value-head critic (learner/value_critic.py), when the state carries one.
@@ -121,7 +123,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
                   eval_sampling: sampling.SamplingSettings, max_total_len: int,
                   max_sample_batch: int, actor_minibatches: int,
                   state: state_lib.TrainState, critic_readout: str = 'greedy',
-                  critic_target: str = 'rounded', critic_self_check: bool = False,
+                  critic_target: str = 'rounded', critic_marks: str = '',
                   value_settings: value_critic.ValueSettings | None = None,
                   train_problems: int = 0, rollout_mesh: Mesh | None = None) -> Runtime:
   """The runtime, with the actor and critic steps jitted for `state`'s shardings; with
@@ -130,6 +132,8 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
   `train_problems` > 0 keeps at most the first that many training problems: the pool the RL steps
   draw from (the warm start is built before, from the whole split).
   """
+  if critic_marks not in self_check.MARKS:
+    raise ValueError(f'critic_marks must be one of {self_check.MARKS}, got {critic_marks!r}')
   supports = {'update_settings': update_settings.valid_vocab_size,
               'train_sampling': train_sampling.valid_vocab_size,
               'eval_sampling': eval_sampling.valid_vocab_size}
@@ -183,7 +187,7 @@ def build_runtime(*, model_config: models.ModelConfig, tokenizer: tokenization.T
       prompt_ids_by_id={r.id: p for r, p in zip(train_records, train_prompts)},
       actor_step=jit(updates.actor_update), critic_step=critic_step,
       critic_readout=critic_readout, critic_target=critic_target,
-      critic_self_check=critic_self_check, critic_params=critic_params,
+      critic_marks=critic_marks, critic_params=critic_params,
       value_settings=value_settings,
       rollout_mesh=rollout_mesh,
       **value_fns)

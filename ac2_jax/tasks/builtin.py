@@ -332,6 +332,24 @@ def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -
   return credits
 
 
+def reference_verdicts(lines: Sequence[tuple[int, str]], critic_text: str) -> list[bool] | None:
+  """Whether each (index, text) line of an attempt is the reference's line of that index, by its
+  input, step and result (its label aside): the check the leading scorings credit. The reference's
+  lines are read from `critic_text`, the critic prompt after the attempt; None when it shows none
+  (a prompt without the reference)."""
+  reference = [m for m in (LINE_RE.fullmatch(line.strip()) for line in critic_text.split('\n'))
+               if m is not None]
+  if not reference:
+    return None
+  worked = lambda m: (int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
+  out = []
+  for index, text in lines:
+    m = LINE_RE.fullmatch(text)
+    out.append(m is not None and index < len(reference)
+               and worked(m) == worked(reference[index]))
+  return out
+
+
 def line_points(correct: float, k: int, scoring: str) -> float:
   """The points of `correct` credited lines out of `k` (the answer's point not included)."""
   return (6 * correct) // k if scoring == 'leading' else 6 * correct / k
@@ -475,6 +493,10 @@ class BuiltinTask:
 
   def critic_instruction(self, reference: str | None, response: str = '') -> str:
     return critic_instruction(reference, self.settings.critic_prompt, response)
+
+  def reference_verdicts(self, lines: Sequence[tuple[int, str]], critic_text: str
+                         ) -> list[bool] | None:
+    return reference_verdicts(lines, critic_text)
 
   def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
     """Points for one response; ValueError when the record is not a built-in problem."""

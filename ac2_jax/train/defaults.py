@@ -274,6 +274,11 @@ def base_config() -> ml_collections.ConfigDict:
   # the built-in chain): a departure, since the critic does not learn that check from its loss
   # (BENCHMARKS.md, "Session 20") while the policy's forward holds it.
   c.critic.self_check = False
+  # True: each worked line carries a verdict token, whether it is the reference's line (input, step
+  # and result; critic/self_check.py): a departure standing in for a critic large enough to compare
+  # an attempt with its reference, which the tiny one does not learn (BENCHMARKS.md, "Session 20").
+  # Where the policy has facts still to learn, its self-check is a guess there and this is not.
+  c.critic.reference_check = False
   # 0: the paper's critic, whose update trains the policy's own weights. r > 0: the critic reads
   # and trains through a rank-r adapter W + A B (learner/critic_adapter.py), so its update no
   # longer moves the actor; a departure, for small policies whose weights have no room for both.

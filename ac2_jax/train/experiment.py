@@ -118,12 +118,19 @@ def initial_checkpoint(c: ml_collections.ConfigDict, workdir: str, task, tok, lo
                          critic_examples=critic_examples, clean_examples=clean_examples, log=log)
 
 
+def critic_marks(c: ml_collections.ConfigDict) -> str:
+  """The runtime's `critic_marks` of the config's critic.self_check / critic.reference_check."""
+  return 'self' if c.critic.self_check else 'reference' if c.critic.reference_check else ''
+
+
 def critic_warmup_key(c: ml_collections.ConfigDict, checkpoint: str) -> str:
   """The cache key of the run's critic warm-up from the HF checkpoint `checkpoint`: its resolved
   settings, the task (prompts, data), the model, and the critic keys its update reads."""
   critic = {k: c.critic[k] for k in ('adapter_rank', 'max_context', 'grad_clip', 'target')}
   if c.critic.self_check:  # marked prompts train another critic (keys from before it unchanged)
     critic['self_check'] = True
+  if c.critic.reference_check:
+    critic['reference_check'] = True
   return critic_warmup.cache_key(critic_warmup_settings(c), checkpoint, json.dumps(
       [c.task.to_dict(), critic, c.model.to_dict()], sort_keys=True, default=str))
 
@@ -194,7 +201,7 @@ def build(c: ml_collections.ConfigDict, workdir: str, log=print, settings: Setti
       eval_sampling=dataclasses.replace(s.eval_sampling, valid_vocab_size=valid_vocab),
       max_total_len=sizes.max_total_len, max_sample_batch=sizes.max_sample_batch,
       actor_minibatches=sizes.actor_minibatches, state=state, critic_readout=c.critic.readout,
-      critic_target=c.critic.target, critic_self_check=c.critic.self_check,
+      critic_target=c.critic.target, critic_marks=critic_marks(c),
       value_settings=s.value, train_problems=c.task.rl_problems, rollout_mesh=rollout_mesh)
   warmup = critic_warmup_settings(c)
   if warmup is not None:

@@ -472,10 +472,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
     raise ConfigError(f'config.critic.target=two_hot trains a value distribution whose mean is '
                       f'the target, and config.critic.readout={c.critic.readout!r} reads its mode; '
                       f'set config.critic.readout=expectation')
-  if c.critic.self_check and (c.task.name != 'builtin' or c.algorithm != 'ac2'):
-    raise ConfigError(f'config.critic.self_check marks the worked lines of the built-in chain '
-                      f'(task.name=builtin) for the prompt critic of algorithm ac2; got '
-                      f'task.name={c.task.name!r}, algorithm={c.algorithm!r}')
+  for marks in ('self_check', 'reference_check'):
+    if c.critic[marks] and (c.task.name != 'builtin' or c.algorithm != 'ac2'):
+      raise ConfigError(f'config.critic.{marks} marks the worked lines of the built-in chain '
+                        f'(task.name=builtin) for the prompt critic of algorithm ac2; got '
+                        f'task.name={c.task.name!r}, algorithm={c.algorithm!r}')
+  if c.critic.self_check and c.critic.reference_check:
+    raise ConfigError('config.critic.self_check and config.critic.reference_check both mark the '
+                      'worked lines; set one')
   if c.model.init_checkpoint:
     if not os.path.isfile(os.path.join(c.model.init_checkpoint, 'config.json')):
       raise ConfigError(f'config.model.init_checkpoint={c.model.init_checkpoint!r} has no '
