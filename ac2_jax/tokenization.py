@@ -100,6 +100,20 @@ def render_assistant_prefill(tok: Tokenizer, content: str, *, empty_thinking: bo
   return ids + tok.encode(content)
 
 
+def tokens_within(tok: Tokenizer, ids: Sequence[int], num_chars: int) -> int:
+  """The most leading ids whose decoded text is at most `num_chars` characters long: the token
+  position of a character offset into `tok.decode(ids)` (rounded down to a token boundary)."""
+  ids = [int(i) for i in ids]
+  lo, hi = 0, len(ids)  # decode(ids[:lo]) fits; bisect on the prefix length
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if len(tok.decode(ids[:mid])) <= num_chars:
+      lo = mid
+    else:
+      hi = mid - 1
+  return lo
+
+
 def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
   out = [int(i) for i in ids]
   bad = [i for i in out if not 0 <= i < vocab_size]

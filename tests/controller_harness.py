@@ -36,6 +36,7 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
                  value: ValueFn = lambda r, j: 0.5, prefix: PrefixFn = lambda r: 0.5,
                  length: Callable[[GenerationRequest], int] = refill_length,
                  reference: Callable[[GenerationRequest, int], Any] | None = None,
+                 cut_end: Callable[[GenerationRequest], int | None] = lambda r: None,
                  ) -> list[RequestResult]:
   """Results for every request: judged values become points = round(7 v) with a complete answer."""
   results = []
@@ -49,12 +50,14 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
       ref = None
       if passed:
         ref = reference(request, j) if reference else f'{request.problem_id}@{plan.step}.{j}'
-      tokens = None
+      tokens = end = None
       if request.kind == RequestKind.REFILL:
         tokens = (np.arange(length(request)) + 1000 * plan.step).astype(np.int32)
+        end = cut_end(request)
       source = ValueSource.CRITIC if critic else ValueSource.JUDGE
       continuations.append(Continuation(value=v, source=source, points=points,
-                                        complete_answer=not critic, tokens_N=tokens, reference=ref))
+                                        complete_answer=not critic, tokens_N=tokens, reference=ref,
+                                        cut_end=end))
     results.append(RequestResult(tuple(continuations),
                                  prefix(request) if request.needs_prefix_value else None))
   return results

@@ -8,6 +8,7 @@ import pytest
 
 from ac2_jax.controller import (ChunkEnd, Continuation, Controller, RequestKind, RequestResult,
                                 ValueSource)
+from ac2_jax.controller import sampling
 from controller_harness import make_results, problem_ids, run_step, tiny_settings
 
 
@@ -60,6 +61,26 @@ def test_replay_slots_cycle_through_the_buffers_problems_and_cut_prefixes():
     assert r.cut % s.cut_grid == 0 and r.cut <= 0.9 * source.length
     assert r.remaining_budget == 50 - r.cut and r.max_new_tokens == r.remaining_budget
     assert r.kind == RequestKind.UNREADY and not r.critic_may_score
+
+
+def test_cuts_stay_at_or_before_each_trajectorys_cut_end():
+  s = tiny_settings(n_refill=4, n_batch=40, cut_before_uncredited=True)
+  c = Controller(s, seed=2, problem_ids=problem_ids(4))
+  # p0: no end (the grid and 0.9 L decide); p1: 0 (only the empty prefix); p2: 19, p3: 30.
+  ends = {'p0': None, 'p1': 0, 'p2': 19, 'p3': 30}
+  run_step(c, 0, cut_end=lambda r: ends[r.problem_id])
+  stored = {t.trajectory_id: t for t in c.replay.trajectories}
+  assert {c.problem_ids[t.problem]: t.cut_end for t in stored.values()} == ends
+  cuts = collections.defaultdict(set)
+  for r in c.plan(1).requests:
+    if r.kind != RequestKind.REFILL:
+      cuts[r.problem_id].add(r.cut)
+  assert cuts['p1'] == {0} and cuts['p2'] == {0, 10} and cuts['p3'] == {0, 10, 20, 30}
+  p0_length, = [t.length for t in stored.values() if t.problem == 0]
+  assert 0 < max(cuts['p0']) <= 0.9 * p0_length
+  # Group-size-1 singles draw their distinct cuts under the same ends.
+  assert list(sampling.cut_candidates(27, 10, 0.9, 19)) == [0, 10]
+  assert list(sampling.cut_candidates(27, 10, 0.9)) == [0, 10, 20]
 
 
 def test_ready_chunks_audits_and_caps():

@@ -99,3 +99,24 @@ def test_branching_a_variant_from_a_checkpoint_trims_buffers_to_new_capacities()
     Controller(s, seed=3, problem_ids=problem_ids(10)).load_state_dict(state)
   with pytest.raises(ValueError, match='version'):
     Controller(s, seed=3, problem_ids=ids).load_state_dict({**state, 'version': 99})
+
+
+def test_trajectories_keep_their_cut_end_through_a_restore():
+  s = tiny_settings(n_batch=8, cut_before_uncredited=True)
+  ids = problem_ids(5)
+  end_of = lambda problem_id: None if problem_id == 'p0' else 3 * int(problem_id[1:])
+  c = Controller(s, seed=3, problem_ids=ids)
+  for step in range(3):
+    plan = c.plan(step)
+    c.observe(step, make_results(plan, s, cut_end=lambda r: end_of(r.problem_id)))
+  restored = Controller(s, seed=3, problem_ids=ids)
+  restored.load_state_dict(json.loads(json.dumps(c.state_dict(), allow_nan=False)))
+  got = {t.trajectory_id: t.cut_end for t in restored.replay.trajectories}
+  assert got == {t.trajectory_id: end_of(ids[t.problem]) for t in c.replay.trajectories}
+  assert None in got.values() and 12 in got.values()
+  # A state saved before trajectories kept cut ends restores them as None.
+  state = c.state_dict()
+  del state['trajectories']['cut_ends']
+  old = Controller(s, seed=3, problem_ids=ids)
+  old.load_state_dict(json.loads(json.dumps(state)))
+  assert {t.cut_end for t in old.replay.trajectories} == {None}

@@ -164,6 +164,32 @@ def test_leading_scoring_hand_written_solutions(record):
   assert _score(task, record, RIGHT.replace('\n11*4=5', '\n10*4=5')) == 2
 
 
+def test_replay_cut_end_is_the_start_of_the_first_line_without_credit(record, built):
+  _, _, tok = built
+  fine = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, scoring='leading_fine'))
+  middle = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n7+1=8\n8+12=7\n7-3=4\n</think>\n\n'
+            '<answer>4</answer>')
+  # Four right lines, the fifth ('5*12=7') is the first without credit.
+  assert fine.replay_cut_end(record, middle) == middle.index('5*12=7')
+  assert fine.replay_cut_end(record, middle) == len('11-5=6\n6+3=9\n9+2=11\n11*4=5\n')
+  assert fine.replay_cut_end(record, '11-5=7\n7+3=10\n') == 0
+  # All right: the start of the last line, so a continuation still writes one.
+  assert fine.replay_cut_end(record, RIGHT) == RIGHT.index('8-3=5')
+  # Stopped after three right lines: the whole thinking section may be kept.
+  stopped = '11-5=6\n6+3=9\n9+2=11\n</think>\n\n<answer>11</answer>'
+  assert fine.replay_cut_end(record, stopped) == stopped.index('</think>')
+  assert builtin.BuiltinTask.generate(LEADING).replay_cut_end(record, middle) == len(
+      '11-5=6\n6+3=9\n9+2=11\n11*4=5\n')
+  # Local credit: a continuation can earn any later line, so there is no end.
+  assert builtin.BuiltinTask.generate(SMALL).replay_cut_end(record, middle) is None
+  # In tokens: the prefix of that many ids is the four right lines, the next id starts line 5.
+  ids = tok.encode(middle)
+  t = T.tokens_within(tok, ids, fine.replay_cut_end(record, middle))
+  assert tok.decode(ids[:t]) == '11-5=6\n6+3=9\n9+2=11\n11*4=5\n'
+  assert tok.decode(ids[t:]).startswith('5*12=7')
+  assert T.tokens_within(tok, ids, 0) == 0 and T.tokens_within(tok, ids, 10_000) == len(ids)
+
+
 def test_local_scoring_hand_written_solutions(record):
   task = builtin.BuiltinTask.generate(SMALL)
   assert task.settings.scoring == 'local'

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ac2_jax import models
+from ac2_jax import controller as ctl
+from ac2_jax import models, tokenization
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.bench import critic_drift
 from ac2_jax.controller.steps import RequestKind
@@ -353,6 +354,37 @@ def test_chunk_end_pairs_join_the_critic_update(train_base, tmp_path, monkeypatc
   assert 0 < record['critic/chunk_end_pairs'] <= 6
   assert record['critic/records'] >= record['critic/pairs'] + record['critic/chunk_end_pairs']
   assert is_finite_number(record['critic/loss']) and record['critic/skipped'] == 0.0
+
+
+def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, monkeypatch):
+  """`controller.cut_before_uncredited` under leading credit: every refill stored in the buffer
+  carries the token position of its first line without credit (recomputed here from its text),
+  and the next step's replayed prefixes end at or before it."""
+  plans = []
+  real_plan = ctl.Controller.plan
+
+  def recorded(self, step):
+    plan = real_plan(self, step)
+    plans.append((self, plan))
+    return plan
+
+  monkeypatch.setattr(ctl.Controller, 'plan', recorded)
+  c = tiny_config(train_base, 'prefix_grpo', num_steps=2, task__builtin_scoring='leading_fine',
+                  controller__cut_before_uncredited=True)
+  loop.train(c, str(tmp_path), log=lambda *_: None)
+  controller, plan = plans[-1]
+  task, tok = experiment.build_task(c, str(tmp_path), None)
+  records = {r.id: r for r in task.records('train')}
+  stored = {t.trajectory_id: t for t in controller.replay.trajectories}
+  for t in stored.values():
+    end = task.replay_cut_end(records[controller.problem_ids[t.problem]],
+                              tok.decode(t.tokens_L.tolist()))
+    assert t.cut_end == tokenization.tokens_within(tok, t.tokens_L, end)
+  replayed = [r for r in plan.requests if r.kind != RequestKind.REFILL]
+  assert replayed and all(r.cut <= stored[r.source_trajectory_id].cut_end for r in replayed)
+  with pytest.raises(experiment.ConfigError, match='cut_before_uncredited'):
+    experiment.validate(tiny_config(train_base, 'prefix_grpo', 'walk',
+                                    controller__cut_before_uncredited=True))
 
 
 def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):

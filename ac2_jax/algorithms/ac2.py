@@ -29,6 +29,7 @@ import numpy as np
 
 from ac2_jax import controller as ctl
 from ac2_jax import device_reads
+from ac2_jax import tokenization
 from ac2_jax.algorithms import base
 from ac2_jax.algorithms import timing
 from ac2_jax.controller.steps import RequestKind, ValueSource
@@ -322,7 +323,15 @@ class AC2(base.Algorithm):
                             points=g.points if g.valid else None, complete_answer=complete,
                             tokens_N=tokens,
                             reference=rt.task.reference_from_response(row.text)
-                            if passing else None)
+                            if passing else None, cut_end=self._cut_end(rt, row))
+
+  def _cut_end(self, rt: Runtime, row: ChunkRow) -> int | None:
+    """A refill's latest replay cut in tokens (`cut_before_uncredited`), else None."""
+    if not (self.settings.cut_before_uncredited and row.request.kind == RequestKind.REFILL):
+      return None
+    end = rt.task.replay_cut_end(rt.train_records[row.rollout.problem_index], row.text)
+    return None if end is None else tokenization.tokens_within(rt.tokenizer, row.rollout.new_N,
+                                                               end)
 
   def _critic_update(self, rt: Runtime, state, step: int, data: StepData):
     """The critic update on this step's records (the buffer's, then this step's chunk ends when

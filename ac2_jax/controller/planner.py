@@ -133,7 +133,8 @@ class Controller:
       trajectories = [groups[p][k] for p, k in zip(slot_problems.tolist(), picks.tolist())]
       cuts = sampling.sample_cuts(self._generator('cuts', step),
                                   np.array([t.length for t in trajectories], np.int64),
-                                  s.cut_grid, s.max_cut_fraction)
+                                  s.cut_grid, s.max_cut_fraction,
+                                  sampling.cut_ends(trajectories))
       ready = self.readiness.ready_P[slot_problems]
       ready_slots = np.flatnonzero(ready)
       num_ready_slots = int(ready_slots.size)
@@ -203,7 +204,8 @@ class Controller:
         c = result.continuations[0]
         passed = self._passes(c)
         trajectory = Trajectory(self._next_trajectory_id, problem, freeze_tokens(c.tokens_N),
-                                c.points, passed, c.reference if passed else None, step)
+                                c.points, passed, c.reference if passed else None, step,
+                                c.cut_end)
         self._next_trajectory_id += 1
         if not s.correct_only or trajectory.passed:
           new_trajectories.append(trajectory)

@@ -24,6 +24,7 @@ class Trajectory:
   passed: bool                  # points >= pass_points with a complete answer
   reference: Any                # the solution shown to the critic when passed, else None
   step: int                     # step whose refill produced it
+  cut_end: int | None = None    # the latest cut a replay may take (Continuation.cut_end)
 
   @property
   def length(self) -> int:

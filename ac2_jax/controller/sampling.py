@@ -31,23 +31,37 @@ def cut_limit(length: int | np.ndarray, max_fraction: float) -> np.ndarray:
   return np.floor(max_fraction * np.asarray(length, np.float64) + 1e-9).astype(np.int64)
 
 
+def cut_ends(trajectories: Sequence[Trajectory]) -> np.ndarray:
+  """Each trajectory's cut_end, its length where it has none."""
+  return np.array([t.length if t.cut_end is None else t.cut_end for t in trajectories], np.int64)
+
+
 def sample_cuts(rng: np.random.Generator, lengths_S: np.ndarray, grid: int,
-                max_fraction: float) -> np.ndarray:
-  """One cut per trajectory: a multiple of `grid` uniform in [0, max_fraction * L], capped at L - 1.
+                max_fraction: float, ends_S: np.ndarray | None = None) -> np.ndarray:
+  """One cut per trajectory: a multiple of `grid` uniform in [0, max_fraction * L] (and in
+  [0, ends_S] when given), capped at L - 1.
 
   0 (the empty prefix) is always allowed.
   """
   lengths_S = np.asarray(lengths_S, np.int64)
   if lengths_S.shape[0] == 0:
     return lengths_S.copy()
-  choices_S = cut_limit(lengths_S, max_fraction) // grid + 1
+  limits_S = cut_limit(lengths_S, max_fraction)
+  if ends_S is not None:
+    limits_S = np.minimum(limits_S, np.maximum(np.asarray(ends_S, np.int64), 0))
+  choices_S = limits_S // grid + 1
   picks_S = rng.integers(0, choices_S)
   return np.minimum(picks_S * grid, np.maximum(lengths_S - 1, 0))
 
 
-def cut_candidates(length: int, grid: int, max_fraction: float) -> np.ndarray:
-  """Every cut sample_cuts can return for a trajectory of this length, ascending and distinct."""
-  positions = np.arange(int(cut_limit(length, max_fraction)) // grid + 1, dtype=np.int64) * grid
+def cut_candidates(length: int, grid: int, max_fraction: float, end: int | None = None
+                   ) -> np.ndarray:
+  """Every cut sample_cuts can return for a trajectory of this length (and cut end), ascending
+  and distinct."""
+  limit = int(cut_limit(length, max_fraction))
+  if end is not None:
+    limit = min(limit, max(int(end), 0))
+  positions = np.arange(limit // grid + 1, dtype=np.int64) * grid
   return np.unique(np.minimum(positions, max(length - 1, 0)))
 
 
@@ -72,6 +86,6 @@ def distinct_prefixes(rng: np.random.Generator, trajectories: Sequence[Trajector
   problem, so the cuts are distinct while enough exist; beyond that the draw cycles.
   """
   candidates = [(t, int(c)) for t in trajectories
-                for c in cut_candidates(t.length, grid, max_fraction)]
+                for c in cut_candidates(t.length, grid, max_fraction, t.cut_end)]
   order = cycle_draw(rng, np.arange(len(candidates)), count)
   return [candidates[i] for i in order]

@@ -8,6 +8,7 @@ Variants of ALGORITHMS.md are switches here:
   no_audit            AC2 w/o audit (same as audit_fraction = 0).
   group_size_one      each ready, unaudited slot becomes g single continuations from distinct cuts;
                       targets = grid(v); rows whose prefix value V(s) is invalid are dropped.
+  cut_before_uncredited  cuts end at or before a trajectory's first line without credit.
   stale_buffer        every `stale_period` steps collect n_refill * stale_factor rollouts and make
                       them the whole replay buffer for the next `stale_period` steps; no refills in
                       between.
@@ -53,6 +54,11 @@ class ControllerSettings:
   chunk_calls: bool = False
   cut_grid: int = 10_000            # cut positions are multiples of this
   max_cut_fraction: float = 0.9     # cut <= max_cut_fraction * L (and <= L - 1)
+  # A departure, off in the paper: a cut of a stored trajectory also stays at or before its
+  # `cut_end` (the task's `replay_cut_end`: under leading credit, the start of its first line
+  # without credit), so no replayed prefix holds a mistake that fixes every continuation's value.
+  # The algorithm fills cut_end only when this is on.
+  cut_before_uncredited: bool = False
   # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).
   critic_buffer_capacity: int = 1_920
   critic_pairs_per_update: int = 768

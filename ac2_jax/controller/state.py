@@ -95,6 +95,8 @@ def pack_trajectories(trajectories: Sequence[Trajectory], kept_lengths: dict[int
                                     np.float64)),
       'passed': pack_array(np.array([t.passed for t in ts], bool)),
       'steps': pack_array(np.array([t.step for t in ts], np.int64)),
+      'cut_ends': pack_array(np.array([-1 if t.cut_end is None else t.cut_end for t in ts],
+                                      np.int64)),
       'tokens': pack_ragged([t.tokens_L[:kept_lengths[t.trajectory_id]] for t in ts], np.int32),
       'references': [pack_value(t.reference) for t in ts],
   }
@@ -106,13 +108,17 @@ def unpack_trajectories(packed: dict) -> dict[int, Trajectory]:
              for k in ('ids', 'problems', 'points', 'passed', 'steps')]
   tokens = unpack_ragged(packed['tokens'])
   references = packed['references']
-  if not len(tokens) == len(references) == len(columns[0]):
+  # A state saved before trajectories kept a cut end has none (-1: None).
+  cut_ends = (unpack_array(packed['cut_ends']).tolist() if 'cut_ends' in packed
+              else [-1] * len(columns[0]))
+  if not len(tokens) == len(references) == len(cut_ends) == len(columns[0]):
     raise ValueError(f'trajectory columns disagree: {len(columns[0])} ids, {len(tokens)} token '
-                     f'arrays, {len(references)} references')
+                     f'arrays, {len(references)} references, {len(cut_ends)} cut ends')
   by_id = {}
   for k, (i, problem, points, passed, step) in enumerate(zip(*columns)):
     by_id[i] = Trajectory(i, problem, freeze_tokens(tokens[k]), None if points < 0 else points,
-                          bool(passed), unpack_value(references[k]), step)
+                          bool(passed), unpack_value(references[k]), step,
+                          None if cut_ends[k] < 0 else cut_ends[k])
   return by_id
 
 

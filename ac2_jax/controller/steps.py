@@ -98,6 +98,8 @@ class Continuation:
   reference: what the bank and the critic prompt show as a reference solution (e.g. the solution's
     token ids); required when the continuation passes (points >= pass_points with a complete
     answer). Must be a numpy array or JSON data so the checkpoint can hold it.
+  cut_end: refills only, the latest token position a replayed prefix of tokens_N may end at (the
+    task's `replay_cut_end`, with `cut_before_uncredited`); None: the cut grid alone decides.
   """
 
   value: float | None
@@ -106,6 +108,7 @@ class Continuation:
   complete_answer: bool = False
   tokens_N: np.ndarray | None = None
   reference: Any = None
+  cut_end: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -208,5 +211,10 @@ def check_result(i: int, request: GenerationRequest, result: RequestResult,
         bad = f'passed ({c.points} points with a complete answer) but carries no reference solution'
     if bad is None and refill and c.tokens_N is None:
       bad = 'refill continuations must carry their response tokens (tokens_N)'
+    if bad is None and c.cut_end is not None:
+      if not refill:
+        bad = f'only refills carry a cut_end (got {c.cut_end!r}): other continuations are not stored'
+      elif not (isinstance(c.cut_end, (int, np.integer)) and c.cut_end >= 0):
+        bad = f'cut_end must be None or an integer >= 0, got {c.cut_end!r}'
     if bad is not None:
       raise ValueError(f'{where}, continuation {j}: {bad}')

@@ -301,6 +301,39 @@ def thinking_lines(response: str) -> list[str]:
   return [line.strip() for line in thinking.split('\n') if line.strip()]
 
 
+def thinking_line_starts(response: str) -> list[int]:
+  """The character offset in `response` of each line `thinking_lines` returns, in order."""
+  end = response.find(tokenization.THINK_CLOSE)
+  end = len(response) if end < 0 else end
+  start = response.rfind(tokenization.THINK_OPEN, 0, end)
+  start = 0 if start < 0 else start + len(tokenization.THINK_OPEN)
+  starts, offset = [], start
+  for piece in response[start:end].split('\n'):
+    if piece.strip():
+      starts.append(offset + len(piece) - len(piece.lstrip()))
+    offset += len(piece) + 1
+  return starts
+
+
+def replay_cut_end(problem: ChainProblem, response: str, scoring: str) -> int | None:
+  """Where a replayed prefix of `response` must end at the latest (a character offset) for its
+  continuations to differ in value: under a leading scoring, the start of the first line without
+  credit, or of the last line when every line has it (so a continuation always writes one).
+  A prefix that reaches past it holds a wrong line, which fixes every continuation's points
+  (65% of replay groups tied on blind facts without it: BENCHMARKS.md, session 25). None under
+  'local', where a continuation can still earn any later line's credit."""
+  if scoring not in LEADING_SCORINGS:
+    return None
+  credited = sum(line_credits(problem, response, scoring))
+  starts = thinking_line_starts(response)
+  line = min(credited, problem.steps - 1)
+  if line < len(starts):
+    return starts[line]
+  # It stopped early with every line right: the prefix may hold its whole thinking section.
+  end = response.find(tokenization.THINK_CLOSE)
+  return len(response) if end < 0 else end
+
+
 def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -> list[bool]:
   """Per step of the problem, whether the response's line for it earns credit under `scoring`.
 
@@ -497,6 +530,10 @@ class BuiltinTask:
   def reference_verdicts(self, lines: Sequence[tuple[int, str]], critic_text: str
                          ) -> list[bool] | None:
     return reference_verdicts(lines, critic_text)
+
+  def replay_cut_end(self, record: base.ProblemRecord, response_text: str) -> int | None:
+    """The latest character offset of a replayed prefix of this response (`replay_cut_end`)."""
+    return replay_cut_end(parse_problem(record.prompt), response_text, self.settings.scoring)
 
   def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
     """Points for one response; ValueError when the record is not a built-in problem."""

@@ -127,6 +127,10 @@ def base_config() -> ml_collections.ConfigDict:
   # tokens, so ready chunks reach the last lines) did not help AC2 against Prefix GRPO
   # (BENCHMARKS.md, "Session 22").
   c.controller.max_cut_fraction = 0.8
+  # Off: the paper. On: a replayed prefix also ends at or before its trajectory's first line the
+  # task's leading scoring no longer credits, where every continuation would tie (the built-in
+  # chain; controller/settings.py; BENCHMARKS.md, session 25).
+  c.controller.cut_before_uncredited = False
   c.controller.critic_buffer_capacity = 160
   c.controller.critic_pairs_per_update = 32
   # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also

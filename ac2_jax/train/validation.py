@@ -480,6 +480,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> Se
   if c.critic.self_check and c.critic.reference_check:
     raise ConfigError('config.critic.self_check and config.critic.reference_check both mark the '
                       'worked lines; set one')
+  if c.controller.cut_before_uncredited and c.task.name != 'builtin':
+    raise ConfigError(f'config.controller.cut_before_uncredited cuts before the first line the '
+                      f"built-in chain's scoring does not credit (task.name=builtin); got "
+                      f'task.name={c.task.name!r}')
   if c.model.init_checkpoint:
     if not os.path.isfile(os.path.join(c.model.init_checkpoint, 'config.json')):
       raise ConfigError(f'config.model.init_checkpoint={c.model.init_checkpoint!r} has no '
