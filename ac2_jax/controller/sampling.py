@@ -48,7 +48,7 @@ def sample_cuts(rng: np.random.Generator, lengths_S: np.ndarray, grid: int,
     return lengths_S.copy()
   limits_S = cut_limit(lengths_S, max_fraction)
   if ends_S is not None:
-    limits_S = np.minimum(limits_S, np.maximum(np.asarray(ends_S, np.int64), 0))
+    limits_S = np.minimum(limits_S, np.asarray(ends_S, np.int64))
   choices_S = limits_S // grid + 1
   picks_S = rng.integers(0, choices_S)
   return np.minimum(picks_S * grid, np.maximum(lengths_S - 1, 0))
@@ -60,7 +60,7 @@ def cut_candidates(length: int, grid: int, max_fraction: float, end: int | None 
   and distinct."""
   limit = int(cut_limit(length, max_fraction))
   if end is not None:
-    limit = min(limit, max(int(end), 0))
+    limit = min(limit, int(end))
   positions = np.arange(limit // grid + 1, dtype=np.int64) * grid
   return np.unique(np.minimum(positions, max(length - 1, 0)))
 

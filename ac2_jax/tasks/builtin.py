@@ -295,18 +295,23 @@ def reference_text(problem: ChainProblem) -> str:
   return f'{steps_text(problem, values)}\n{answer_text(values[-1])}'
 
 
+def thinking_span(response: str) -> tuple[int, int]:
+  """(start, end) of the thinking section: after the last `<think>` before the first `</think>`
+  (the response's start when there is none; a partial response is read as far as it goes)."""
+  end = response.find(tokenization.THINK_CLOSE)
+  end = len(response) if end < 0 else end
+  start = response.rfind(tokenization.THINK_OPEN, 0, end)
+  return (0 if start < 0 else start + len(tokenization.THINK_OPEN)), end
+
+
 def thinking_lines(response: str) -> list[str]:
-  thinking = response.partition(tokenization.THINK_CLOSE)[0]
-  thinking = thinking.rpartition(tokenization.THINK_OPEN)[2]
-  return [line.strip() for line in thinking.split('\n') if line.strip()]
+  start, end = thinking_span(response)
+  return [line.strip() for line in response[start:end].split('\n') if line.strip()]
 
 
 def thinking_line_starts(response: str) -> list[int]:
   """The character offset in `response` of each line `thinking_lines` returns, in order."""
-  end = response.find(tokenization.THINK_CLOSE)
-  end = len(response) if end < 0 else end
-  start = response.rfind(tokenization.THINK_OPEN, 0, end)
-  start = 0 if start < 0 else start + len(tokenization.THINK_OPEN)
+  start, end = thinking_span(response)
   starts, offset = [], start
   for piece in response[start:end].split('\n'):
     if piece.strip():
@@ -330,8 +335,7 @@ def replay_cut_end(problem: ChainProblem, response: str, scoring: str) -> int | 
   if line < len(starts):
     return starts[line]
   # It stopped early with every line right: the prefix may hold its whole thinking section.
-  end = response.find(tokenization.THINK_CLOSE)
-  return len(response) if end < 0 else end
+  return thinking_span(response)[1]
 
 
 def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -> list[bool]:
