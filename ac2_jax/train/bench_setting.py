@@ -36,7 +36,7 @@ seq_len 320, critic_seq_len 640, response_budget 240, critic.max_context 640), t
 0.43 and GRPO reaches 0.90 by step 10: sharpening a policy that knows every result is fast.
 Tried in sessions 25-26 (BENCHMARKS.md): K = 12 under 'leading_fine' with a fifth of the facts blind
 (sft.blind_fraction 0.2, no step mistakes, 1,400 SFT steps) starts at 0.356 on seed 0 and GRPO is long
-(0.520 at step 60, still rising); AC2 and Prefix GRPO track GRPO per FLOP, with 40-50% of replay groups
+(0.520 at step 60, still rising); AC2 and Prefix GRPO track GRPO per FLOP, with 37-49% of replay groups
 tied even when cuts stop before the first uncredited line (controller.cut_before_uncredited).
 """
 
