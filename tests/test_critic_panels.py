@@ -94,6 +94,8 @@ def test_summaries_per_step_and_pooled():
       'advantage_corr': [want_corr, np.nan],
       'advantage_mae': [np.mean(np.abs(np.subtract(CRITIC_A, REWARD_A))), np.nan],
       'advantage_scale': [np.mean(np.abs(CRITIC_A)) / np.mean(np.abs(REWARD_A)), np.nan],
+      'advantage_slope': [np.dot(CRITIC_A, REWARD_A) / np.dot(CRITIC_A, CRITIC_A), np.nan],
+      'flat_groups': [0.0, np.nan],
   }
   assert set(steps) == {'step', *want}
   for key, values in want.items():
@@ -105,6 +107,22 @@ def test_summaries_per_step_and_pooled():
   assert 0.8 < want_corr < 0.95  # by hand: the critic ranks the rows as the rewards do, roughly
   assert critic_panels.pearson([1, 2], [3, 3]) != critic_panels.pearson([1, 2], [3, 3])  # NaN
   assert critic_panels.per_step([])['step'].size == 0
+
+
+def test_flat_groups_are_chunks_that_end_before_the_rewards_differ():
+  # Two end states read 1e-4 apart (equal states, different texts) while the rewards differ: flat.
+  flat = _group(True, 0.5, 0.5, [1.0, 0.0, 0.0], [True, True, True], [0.3, 0.3001, 0.3])
+  tied = _group(True, 0.5, 0.5, [0.0, 0.0, 0.0], [True, True, True], [0.3, 0.3, 0.3])
+  wide = _group(True, 0.5, 0.5, [1.0, 0.0, 0.0], [True, True, True], [0.3, 0.32, 0.3])
+  gs = critic_panels.groups([{'step': 1, 'groups': [flat, tied, wide]}])
+  s = critic_panels.summarize(gs)
+  assert s['flat_groups'] == pytest.approx(1 / 3)
+  # The slope is driven by `wide` alone: critic A (-1/150, 2/150, -1/150), rewards (2/3, -1/3,
+  # -1/3); `flat` adds almost nothing to either sum.
+  a = np.concatenate([g.critic_advantages for g in gs])
+  r = np.concatenate([g.reward_advantages for g in gs])
+  assert s['advantage_slope'] == pytest.approx(a @ r / (a @ a))
+  assert s['advantage_slope'] < -10  # `wide` ranks its rows against the rewards
 
 
 @pytest.mark.slow

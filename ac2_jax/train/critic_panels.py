@@ -15,7 +15,11 @@ that got g full continuations instead of chunks, so its Monte Carlo rewards r_i 
                     least one chunk-end read (Figure 4, right): their Pearson correlation, MAE
                     and scale (mean |A| over mean |r - mean r|: a critic that ranks chunks right
                     but spreads them a quarter as wide as the rewards do weighs them a quarter as
-                    much in the actor loss)
+                    much in the actor loss), slope (of the Monte Carlo advantages on the critic's,
+                    through 0: 1 when v_i is the expected reward of chunk c_i, above 1 when the
+                    critic spreads its values too little) and flat groups (the critic's A_i all
+                    within FLAT of 0 while the rewards differ: the chunk ended before whatever
+                    the reward turned on)
 
 v follows AC2's rules for invalid critic reads: the row is left out (weight 0 in the actor loss) and
 its v_i is the mean of the group's valid v_j (0 if none) before the group mean is taken. A group
@@ -37,6 +41,9 @@ import numpy as np
 from ac2_jax.train.metrics import AUDITS_FILE, METRICS_FILE, read_metrics
 
 NAN = float('nan')
+# A group's critic advantages all within this of 0 carry no signal (reads of equal end states
+# differ by float rounding of different texts, about 1e-4), against reward steps of 1/14.
+FLAT = 0.01
 
 
 def read_workdir(workdir: str) -> tuple[list[dict], list[dict]]:
@@ -150,7 +157,9 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
   mae_ref, mae_noref: both reads on the groups with a reference where both are valid (a paired
   comparison); group_mean_mae: |mean v - mean r|; advantage_rows, advantage_corr,
   advantage_mae, advantage_scale: critic vs Monte Carlo advantages of the groups with a chunk-end
-  read (scale: mean |critic A| / mean |Monte Carlo A|, NaN when the rewards agree).
+  read (scale: mean |critic A| / mean |Monte Carlo A|, NaN when the rewards agree);
+  advantage_slope: sum(A_mc A_critic) / sum(A_critic^2) (NaN when every critic A is 0);
+  flat_groups: share of the read groups whose critic advantages are flat (`FLAT`) and rewards not.
   """
   paired = [g for g in gs if g.reference and g.v_prefix_ref is not None
             and g.v_prefix_noref is not None]
@@ -169,7 +178,15 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
       'advantage_corr': pearson(a, r),
       'advantage_mae': float(np.mean(np.abs(a - r))) if a.size else NAN,
       'advantage_scale': _ratio(np.mean(np.abs(a)), np.mean(np.abs(r))) if a.size else NAN,
+      'advantage_slope': _ratio(float(a @ r), float(a @ a)) if a.size else NAN,
+      'flat_groups': float(np.mean([_flat(g) for g in read])) if read else NAN,
   }
+
+
+def _flat(g: Group) -> bool:
+  if not g.reward_advantages.size:
+    return False
+  return bool(np.all(np.abs(g.critic_advantages) < FLAT) and np.ptp(g.reward_advantages) > 0)
 
 
 def _ratio(x: float, y: float) -> float:

@@ -135,7 +135,8 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   ready_problems: problems ready at the last step; first_ready_step: the first step after which
   any problem was ready (None: never); ready_fraction_second_half: mean ready fraction of replay
   slots over the second half of the steps; critic_scored_share: rows scored by the critic / rows
-  generated; zero_variance_groups: mean share of replay groups with equal values.
+  generated; zero_variance_groups: mean share of replay groups with equal values, and
+  zero_variance_groups/<kind> the same over the steps with groups of that request kind.
   """
   steps = [r for r in records if r.get('step', 0) > 0 and 'ready_fraction' in r]
   if not steps:
@@ -144,13 +145,19 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   ready = [r for r in steps if r.get('num_ready_problems', 0) > 0]
   second = [r['ready_fraction'] for r in steps if r['step'] > last / 2]
   rows = sum(r.get('rows_generated', 0) for r in steps)
-  zero = [r['replay/zero_variance_groups'] for r in steps
-          if r.get('replay/zero_variance_groups') is not None]
+
+  def mean_of(key):
+    values = [r[key] for r in steps if r.get(key) is not None]
+    return float(np.mean(values)) if values else None
+
+  prefix = 'replay/zero_variance_groups/'
+  kinds = sorted({k[len(prefix):] for r in steps for k in r if k.startswith(prefix)})
   return {
       'ready_problems': int(steps[-1].get('num_ready_problems', 0)),
       'first_ready_step': min(r['step'] for r in ready) if ready else None,
       'ready_fraction_second_half': float(np.mean(second)) if second else None,
       'critic_scored_share': (sum(r.get('routed_to_critic', 0) for r in steps) / rows
                               if rows else None),
-      'zero_variance_groups': float(np.mean(zero)) if zero else None,
+      'zero_variance_groups': mean_of('replay/zero_variance_groups'),
+      **{f'zero_variance_groups/{kind}': mean_of(prefix + kind) for kind in kinds},
   }
