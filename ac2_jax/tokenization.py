@@ -114,6 +114,14 @@ def tokens_within(tok: Tokenizer, ids: Sequence[int], num_chars: int) -> int:
   return lo
 
 
+def tokens_reaching(tok: Tokenizer, ids: Sequence[int], num_chars: int) -> int:
+  """The fewest leading ids whose decoded text is at least `num_chars` characters long (all of
+  them when none is): a character offset rounded up to a token boundary."""
+  if num_chars <= 0:
+    return 0
+  return min(len(ids), tokens_within(tok, ids, num_chars - 1) + 1)
+
+
 def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
   out = [int(i) for i in ids]
   bad = [i for i in out if not 0 <= i < vocab_size]

@@ -37,6 +37,7 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
                  length: Callable[[GenerationRequest], int] = refill_length,
                  reference: Callable[[GenerationRequest, int], Any] | None = None,
                  cut_end: Callable[[GenerationRequest], int | None] = lambda r: None,
+                 chunk_end: Callable[[GenerationRequest], int | None] = lambda r: None,
                  ) -> list[RequestResult]:
   """Results for every request: judged values become points = round(7 v) with a complete answer."""
   results = []
@@ -50,14 +51,14 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
       ref = None
       if passed:
         ref = reference(request, j) if reference else f'{request.problem_id}@{plan.step}.{j}'
-      tokens = end = None
+      tokens = end = reach = None
       if request.kind == RequestKind.REFILL:
         tokens = (np.arange(length(request)) + 1000 * plan.step).astype(np.int32)
-        end = cut_end(request)
+        end, reach = cut_end(request), chunk_end(request)
       source = ValueSource.CRITIC if critic else ValueSource.JUDGE
       continuations.append(Continuation(value=v, source=source, points=points,
                                         complete_answer=not critic, tokens_N=tokens, reference=ref,
-                                        cut_end=end))
+                                        cut_end=end, chunk_end=reach))
     results.append(RequestResult(tuple(continuations),
                                  prefix(request) if request.needs_prefix_value else None))
   return results

@@ -83,6 +83,46 @@ def test_cuts_stay_at_or_before_each_trajectorys_cut_end():
   assert list(sampling.cut_candidates(27, 10, 0.9)) == [0, 10, 20]
 
 
+def test_ready_chunks_run_through_each_trajectorys_chunk_end():
+  s = tiny_settings(n_refill=6, n_batch=30, chunk_size=10, cut_grid=10,
+                    cut_before_uncredited=True, chunk_through_uncredited=True)
+  c = Controller(s, seed=2, problem_ids=problem_ids(6))
+  # p0: no chunk end (b decides); p1: 6, before any chunk from a cut at 0 ends; p2: 27; p3-p5: 44
+  # (a chunk from cut 10 would reach 44, past the budget of 50 from cut 20: capped there).
+  reach = {'p0': None, 'p1': 6, 'p2': 27}
+  for step in range(5):  # as _make_ready, with the chunk ends
+    run_step(c, step, value=lambda r, j: 1.0, prefix=lambda r: 1.0,
+             length=lambda r: 45, chunk_end=lambda r: reach.get(r.problem_id, 44))
+  plan = c.plan(5)
+  ready = [r for r in plan.requests if r.kind in (RequestKind.READY_CHUNK, RequestKind.AUDIT)]
+  assert plan.count(RequestKind.READY_CHUNK) > 0 and plan.count(RequestKind.AUDIT) > 0
+  for r in ready:
+    end = reach.get(r.problem_id, 44)
+    assert r.chunk_tokens == (10 if end is None else max(10, end - r.cut))
+    if r.kind == RequestKind.READY_CHUNK:
+      assert r.critic_may_score and r.max_new_tokens == min(r.chunk_tokens, 50 - r.cut)
+    else:
+      assert not r.critic_may_score and r.max_new_tokens == 50 - r.cut
+  assert any(r.chunk_tokens > 10 for r in ready)
+  # Only refills are stored, so only they may carry ends.
+  results = make_results(plan, s)
+  k = next(i for i, r in enumerate(plan.requests) if r.kind == RequestKind.READY_CHUNK)
+  bad = dataclasses.replace(results[k], continuations=(
+      dataclasses.replace(results[k].continuations[0], chunk_end=3),
+      *results[k].continuations[1:]))
+  with pytest.raises(ValueError, match='only refills carry a chunk_end'):
+    c.observe(5, [*results[:k], bad, *results[k + 1:]])
+  # Without cut_before_uncredited a cut could lie past the line: a config error.
+  with pytest.raises(ValueError, match='chunk_through_uncredited needs cut_before_uncredited'):
+    tiny_settings(chunk_through_uncredited=True)
+  # Off, every ready slot's chunk is b.
+  off = Controller(tiny_settings(n_refill=6, n_batch=10, chunk_size=10, cut_grid=10),
+                   seed=2, problem_ids=problem_ids(6))
+  _make_ready(off)
+  assert {r.chunk_tokens for r in off.plan(5).requests
+          if r.kind in (RequestKind.READY_CHUNK, RequestKind.AUDIT)} == {10}
+
+
 def test_ready_chunks_audits_and_caps():
   s = tiny_settings(n_refill=6, n_batch=10, chunk_size=10, cut_grid=10)
   c = Controller(s, seed=2, problem_ids=problem_ids(6))

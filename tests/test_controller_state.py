@@ -101,22 +101,24 @@ def test_branching_a_variant_from_a_checkpoint_trims_buffers_to_new_capacities()
     Controller(s, seed=3, problem_ids=ids).load_state_dict({**state, 'version': 99})
 
 
-def test_trajectories_keep_their_cut_end_through_a_restore():
-  s = tiny_settings(n_batch=8, cut_before_uncredited=True)
+def test_trajectories_keep_their_cut_and_chunk_ends_through_a_restore():
+  s = tiny_settings(n_batch=8, cut_before_uncredited=True, chunk_through_uncredited=True)
   ids = problem_ids(5)
   end_of = lambda problem_id: None if problem_id == 'p0' else 3 * int(problem_id[1:])
   c = Controller(s, seed=3, problem_ids=ids)
   for step in range(3):
     plan = c.plan(step)
-    c.observe(step, make_results(plan, s, cut_end=lambda r: end_of(r.problem_id)))
+    c.observe(step, make_results(plan, s, cut_end=lambda r: end_of(r.problem_id),
+                                 chunk_end=lambda r: 4 + 5 * int(r.problem_id[1:])))
   restored = Controller(s, seed=3, problem_ids=ids)
   restored.load_state_dict(json.loads(json.dumps(c.state_dict(), allow_nan=False)))
-  got = {t.trajectory_id: t.cut_end for t in restored.replay.trajectories}
-  assert got == {t.trajectory_id: end_of(ids[t.problem]) for t in c.replay.trajectories}
-  assert None in got.values() and 12 in got.values()
-  # A state saved before trajectories kept cut ends restores them as None.
+  got = {t.trajectory_id: (t.cut_end, t.chunk_end) for t in restored.replay.trajectories}
+  assert got == {t.trajectory_id: (end_of(ids[t.problem]), 4 + 5 * t.problem)
+                 for t in c.replay.trajectories}
+  assert (None, 4) in got.values() and (12, 24) in got.values()
+  # A state saved before trajectories kept cut (chunk) ends restores them as None.
   state = c.state_dict()
-  del state['trajectories']['cut_ends']
+  del state['trajectories']['cut_ends'], state['trajectories']['chunk_ends']
   old = Controller(s, seed=3, problem_ids=ids)
   old.load_state_dict(json.loads(json.dumps(state)))
-  assert {t.cut_end for t in old.replay.trajectories} == {None}
+  assert {(t.cut_end, t.chunk_end) for t in old.replay.trajectories} == {(None, None)}

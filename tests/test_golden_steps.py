@@ -175,7 +175,8 @@ def test_golden_step_metrics(train_base, tmp_path, monkeypatch, name):
 
 
 def _check_by_kind(name, got):
-  """The per-kind tokens and FLOPs (added after the recording) add up to the step's totals."""
+  """The per-kind tokens, FLOPs and tied shares (added after the recording) add up to the step's
+  totals."""
   if name == 'grpo':  # no request kinds
     return
   kinds = ('refill', 'cold_start', 'unready', 'ready_chunk', 'audit')
@@ -183,6 +184,12 @@ def _check_by_kind(name, got):
     assert sum(m[f'tokens/{k}'] for k in kinds) == m['tokens_generated'], step
     assert math.isclose(sum(m[f'flops/{k}'] for k in kinds), m['decoding_flops'], rel_tol=1e-9)
     assert m['tokens/refill'] > 0 and m['flops/refill'] > 0
+    # The tied share per replayed kind (added later too): its group-weighted mean is the total.
+    counts = {k: m[f'num_{k}'] for k in kinds[1:]}
+    shares = {k: m[f'replay/zero_variance_groups/{k}'] for k in kinds[1:]}
+    assert all((shares[k] is None) == (counts[k] == 0) for k in counts), (step, shares, counts)
+    tied = sum(shares[k] * counts[k] for k in counts if counts[k])
+    assert math.isclose(tied / sum(counts.values()), m['replay/zero_variance_groups']), step
   if name == 'ac2':  # step 2 plans ready chunks: at most b new tokens a row
     bound = (got['2']['num_ready_chunk'] * PINNED['controller.group_size']
              * PINNED['controller.chunk_size'])

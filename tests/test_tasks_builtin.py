@@ -164,11 +164,15 @@ def test_leading_scoring_hand_written_solutions(record):
   assert _score(task, record, RIGHT.replace('\n11*4=5', '\n10*4=5')) == 2
 
 
+# Four right lines, then a wrong fifth ('5*12=7') and lines that follow from it.
+MIDDLE = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n7+1=8\n8+12=7\n7-3=4\n</think>\n\n'
+          '<answer>4</answer>')
+
+
 def test_replay_cut_end_is_the_start_of_the_first_line_without_credit(record, built):
   _, _, tok = built
   fine = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, scoring='leading_fine'))
-  middle = ('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n7+1=8\n8+12=7\n7-3=4\n</think>\n\n'
-            '<answer>4</answer>')
+  middle = MIDDLE
   # Four right lines, the fifth ('5*12=7') is the first without credit.
   assert fine.replay_cut_end(record, middle) == middle.index('5*12=7')
   assert fine.replay_cut_end(record, middle) == len('11-5=6\n6+3=9\n9+2=11\n11*4=5\n')
@@ -188,6 +192,28 @@ def test_replay_cut_end_is_the_start_of_the_first_line_without_credit(record, bu
   assert tok.decode(ids[:t]) == '11-5=6\n6+3=9\n9+2=11\n11*4=5\n'
   assert tok.decode(ids[t:]).startswith('5*12=7')
   assert T.tokens_within(tok, ids, 0) == 0 and T.tokens_within(tok, ids, 10_000) == len(ids)
+
+
+def test_replay_chunk_end_is_just_past_the_first_line_without_credit(record, built):
+  _, _, tok = built
+  fine = builtin.BuiltinTask.generate(dataclasses.replace(SMALL, scoring='leading_fine'))
+  middle = MIDDLE
+  # The fifth line ('5*12=7') is the first without credit: the chunk reaches past its newline.
+  assert fine.replay_chunk_end(record, middle) == middle.index('7+1=8')
+  assert fine.replay_chunk_end(record, '11-5=7\n7+3=10\n') == len('11-5=7\n')
+  # The first uncredited line is the last one written: its newline, else the thinking's end.
+  assert fine.replay_chunk_end(record, '11-5=6\n6+3=8\n') == len('11-5=6\n6+3=8\n')
+  assert fine.replay_chunk_end(record, '11-5=6\n6+3=8</think>') == len('11-5=6\n6+3=8')
+  # Every written line right (all of them, or stopped early): no line to reach.
+  assert fine.replay_chunk_end(record, RIGHT) is None
+  assert fine.replay_chunk_end(record, '11-5=6\n6+3=9\n</think>\n\n<answer>9</answer>') is None
+  assert builtin.BuiltinTask.generate(SMALL).replay_chunk_end(record, middle) is None
+  # In tokens, rounded up: the prefix of that many ids holds the whole fifth line.
+  ids = tok.encode(middle)
+  t = T.tokens_reaching(tok, ids, fine.replay_chunk_end(record, middle))
+  assert tok.decode(ids[:t]).startswith('11-5=6\n6+3=9\n9+2=11\n11*4=5\n5*12=7\n')
+  assert len(tok.decode(ids[:t - 1])) < middle.index('7+1=8')
+  assert T.tokens_reaching(tok, ids, 0) == 0 and T.tokens_reaching(tok, ids, 10_000) == len(ids)
 
 
 def test_local_scoring_hand_written_solutions(record):

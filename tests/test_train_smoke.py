@@ -356,10 +356,9 @@ def test_chunk_end_pairs_join_the_critic_update(train_base, tmp_path, monkeypatc
   assert is_finite_number(record['critic/loss']) and record['critic/skipped'] == 0.0
 
 
-def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, monkeypatch):
-  """`controller.cut_before_uncredited` under leading credit: every refill stored in the buffer
-  carries the token position of its first line without credit (recomputed here from its text),
-  and the next step's replayed prefixes end at or before it."""
+@pytest.fixture
+def recorded_plans(monkeypatch):
+  """Every (controller, plan) the controllers make, in order."""
   plans = []
   real_plan = ctl.Controller.plan
 
@@ -369,10 +368,17 @@ def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, 
     return plan
 
   monkeypatch.setattr(ctl.Controller, 'plan', recorded)
+  return plans
+
+
+def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, recorded_plans):
+  """`controller.cut_before_uncredited` under leading credit: every refill stored in the buffer
+  carries the token position of its first line without credit (recomputed here from its text),
+  and the next step's replayed prefixes end at or before it."""
   c = tiny_config(train_base, 'prefix_grpo', num_steps=2, task__builtin_scoring='leading_fine',
                   controller__cut_before_uncredited=True)
   loop.train(c, str(tmp_path), log=lambda *_: None)
-  controller, plan = plans[-1]
+  controller, plan = recorded_plans[-1]
   task, tok = experiment.build_task(c, str(tmp_path), None)
   records = {r.id: r for r in task.records('train')}
   stored = {t.trajectory_id: t for t in controller.replay.trajectories}
@@ -385,6 +391,44 @@ def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, 
   with pytest.raises(experiment.ConfigError, match='cut_before_uncredited'):
     experiment.validate(tiny_config(train_base, 'prefix_grpo', 'walk',
                                     controller__cut_before_uncredited=True))
+
+
+def test_chunks_run_through_uncredited_lines_through_the_trainer(train_base, tmp_path,
+                                                                recorded_plans):
+  """`controller.chunk_through_uncredited` (AC2 variant `uncredited`): every stored refill carries
+  the token position just past its first line without credit (recomputed here from its text); at
+  the next step, with every problem ready, each ready chunk and audit reaches at least that far,
+  b at the least, the budget at the most, and the audits read the critic at those chunk ends."""
+  c = tiny_config(train_base, 'ac2', 'uncredited', task__builtin_scoring='leading_fine')
+  assert c.controller.cut_before_uncredited and c.controller.chunk_through_uncredited
+  rt, algorithm, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  state, _ = algorithm.step(rt, state, 1, experiment.step_key(c.seed, 1))
+  controller = recorded_plans[-1][0]
+  records = {r.id: r for r in rt.task.records('train')}
+  stored = {t.trajectory_id: t for t in controller.replay.trajectories}
+  for t in stored.values():
+    end = rt.task.replay_chunk_end(records[controller.problem_ids[t.problem]],
+                                   rt.tokenizer.decode(t.tokens_L.tolist()))
+    assert t.chunk_end == (None if end is None
+                           else tokenization.tokens_reaching(rt.tokenizer, t.tokens_L, end))
+  controller.readiness.ready_P[:] = True
+  state, _ = algorithm.step(rt, state, 2, experiment.step_key(c.seed, 2))
+  plan = recorded_plans[-1][1]
+  b, budget = c.controller.chunk_size, c.controller.response_budget
+  ready = [r for r in plan.requests if r.kind in (RequestKind.READY_CHUNK, RequestKind.AUDIT)]
+  assert ready
+  for r in ready:
+    end = stored[r.source_trajectory_id].chunk_end
+    assert r.chunk_tokens == (b if end is None else max(b, end - r.cut))
+    if r.kind == RequestKind.READY_CHUNK:
+      assert r.max_new_tokens == min(r.chunk_tokens, budget - r.cut)
+  assert any(r.chunk_tokens > b for r in ready)  # the tiny policy's first lines lack credit
+  audits = {(g['slot'], g['cut']): g for g in algorithm.audited_groups()}
+  assert audits and len(audits) < len(ready)
+  for r in ready:
+    if r.kind == RequestKind.AUDIT:
+      g = audits[(r.slot, r.cut)]
+      assert g['chunk_end_read'] == [n > r.chunk_tokens for n in g['new_tokens']]
 
 
 def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):

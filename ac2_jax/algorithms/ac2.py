@@ -139,7 +139,10 @@ class AC2(base.Algorithm):
         problems.append(p)
         caps.append(req.max_new_tokens)
         budgets.append(req.remaining_budget)
-    short_cap = self.settings.chunk_size if self.settings.chunk_calls else 0
+    # Every ready chunk in the chunk calls: b, or the longest chunk through an uncredited line.
+    short_cap = (max([self.settings.chunk_size] + [r.max_new_tokens for r in plan.requests
+                                                   if r.kind == RequestKind.READY_CHUNK])
+                 if self.settings.chunk_calls else 0)
     rollouts, flops_N = rows_lib.generate_rows(rt, params, contexts, prefix_lens, problems, caps,
                                                budgets, key, rt.train_sampling, short_cap)
     texts = rows_lib.response_texts(rt, rollouts)
@@ -194,7 +197,8 @@ class AC2(base.Algorithm):
     v_prefix_ref / v_prefix_noref: V(s) with and without it (the read AC2 used, and one more read
     of the same prefix; v_prefix_ref is None without a reference); rewards: the judge's reward of
     each full continuation (None: the judge failed); new_tokens: their lengths; chunk_end_read:
-    the continuation ran past the chunk b, so the critic is read at s . c_i[:b] (chunk_end_value);
+    the continuation ran past the slot's chunk b (`chunk_tokens`: b, or further with
+    `chunk_through_uncredited`), so the critic is read at s . c_i[:b] (chunk_end_value);
     else the chunk would have been the whole continuation and its value is its reward (AC2 paper,
     Section A.4; a chunk that holds a complete answer is not singled out). Invalid reads are None.
     The extra reads use the weights from before the update, in one batch of their own, so the
@@ -204,7 +208,6 @@ class AC2(base.Algorithm):
     audited = [i for i, req in enumerate(data.plan.requests) if req.kind == RequestKind.AUDIT]
     if not audited:
       return []
-    b = self.settings.chunk_size
     members: dict[int, list[ChunkRow]] = {i: [] for i in audited}
     for row in data.rows:
       if row.request_index in members:
@@ -223,6 +226,7 @@ class AC2(base.Algorithm):
       prompt = rt.train_prompts[self._index[req.problem_id]]
       reference = self._reference(req.problem_id)
       noref = None if reference is None else ask(prompt, req.prefix_tokens_P, None)
+      b = req.chunk_tokens
       ends = [ask(prompt, np.concatenate([req.prefix_tokens_P, row.rollout.new_N[:b]]), reference)
               if len(row.rollout.new_N) > b else None for row in members[i]]
       asked.append((i, reference is not None, noref, ends))
@@ -323,7 +327,8 @@ class AC2(base.Algorithm):
                             points=g.points if g.valid else None, complete_answer=complete,
                             tokens_N=tokens,
                             reference=rt.task.reference_from_response(row.text)
-                            if passing else None, cut_end=self._cut_end(rt, row))
+                            if passing else None, cut_end=self._cut_end(rt, row),
+                            chunk_end=self._chunk_end(rt, row))
 
   def _cut_end(self, rt: Runtime, row: ChunkRow) -> int | None:
     """A refill's latest replay cut in tokens (`cut_before_uncredited`), else None."""
@@ -332,6 +337,14 @@ class AC2(base.Algorithm):
     end = rt.task.replay_cut_end(rt.train_records[row.rollout.problem_index], row.text)
     return None if end is None else tokenization.tokens_within(rt.tokenizer, row.rollout.new_N,
                                                                end)
+
+  def _chunk_end(self, rt: Runtime, row: ChunkRow) -> int | None:
+    """A refill's chunk end in tokens, rounded up (`chunk_through_uncredited`), else None."""
+    if not (self.settings.chunk_through_uncredited and row.request.kind == RequestKind.REFILL):
+      return None
+    end = rt.task.replay_chunk_end(rt.train_records[row.rollout.problem_index], row.text)
+    return None if end is None else tokenization.tokens_reaching(rt.tokenizer,
+                                                                 row.rollout.new_N, end)
 
   def _critic_update(self, rt: Runtime, state, step: int, data: StepData):
     """The critic update on this step's records (the buffer's, then this step's chunk ends when
@@ -385,6 +398,7 @@ class AC2(base.Algorithm):
         'entropy': updates['entropy'], 'eps_high': updates['eps_high'],
         'reward/judged_mean': _mean([r.grade.reward for r in judged]),
         'replay/zero_variance_groups': adv_lib.zero_variance_share(self._replay_groups(data)),
+        **_zero_variance_by_kind(self._replay_groups(data, by_kind=True)),
         'reward/refill_mean': _mean([r.grade.reward for r in data.rows_of(RequestKind.REFILL)
                                      if not r.to_critic]),
         'judge_failures': sum(not r.grade.valid for r in judged),
@@ -406,13 +420,30 @@ class AC2(base.Algorithm):
     return out
 
 
-  def _replay_groups(self, data: StepData) -> list[list[float]]:
-    """The endpoint values of each replayed group (refills are no groups)."""
+  def _replay_groups(self, data: StepData, by_kind: bool = False):
+    """The endpoint values of each replayed group (refills are no groups); by_kind: a list of
+    them per request kind."""
     groups: dict[int, list[float]] = {}
+    kinds: dict[int, RequestKind] = {}
     for row in data.rows:
       if row.request.kind != RequestKind.REFILL:
         groups.setdefault(row.request_index, []).append(row.actor_value)
-    return list(groups.values())
+        kinds[row.request_index] = row.request.kind
+    if not by_kind:
+      return list(groups.values())
+    out: dict[RequestKind, list[list[float]]] = {}
+    for index, values in groups.items():
+      out.setdefault(kinds[index], []).append(values)
+    return out
+
+
+def _zero_variance_by_kind(groups_by_kind) -> dict[str, float | None]:
+  """The tied share per replayed request kind: ready chunks tie where their end states differ in
+  nothing the critic reads, unready and audited groups where the judge scores every continuation
+  alike. Every replayed kind has a key (None: no groups of it this step)."""
+  return {f'replay/zero_variance_groups/{kind}':
+          adv_lib.zero_variance_share(groups_by_kind.get(kind, []))
+          for kind in RequestKind if kind != RequestKind.REFILL}
 
 
 def _by_kind(data: StepData) -> dict[str, float]:

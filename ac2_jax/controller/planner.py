@@ -161,13 +161,24 @@ class Controller:
   def _replay_request(self, kind: RequestKind, slot: int, trajectory: Trajectory, cut: int,
                       num_continuations: int) -> GenerationRequest:
     remaining = self.settings.response_budget - cut
-    chunk = kind == RequestKind.READY_CHUNK
-    max_new = min(self.settings.chunk_size, remaining) if chunk else remaining
+    chunk = kind == RequestKind.READY_CHUNK  # an audit's g full runs stand in for the chunks
+    chunk_tokens = (self.chunk_length(trajectory, cut)
+                    if kind in (RequestKind.READY_CHUNK, RequestKind.AUDIT) else 0)
     return GenerationRequest(
         kind=kind, problem_id=self.problem_ids[trajectory.problem], slot=slot,
         source_trajectory_id=trajectory.trajectory_id, prefix_tokens_P=trajectory.tokens_L[:cut],
-        cut=cut, num_continuations=num_continuations, max_new_tokens=max_new,
-        remaining_budget=remaining, critic_may_score=chunk, needs_prefix_value=True)
+        cut=cut, num_continuations=num_continuations,
+        max_new_tokens=min(chunk_tokens, remaining) if chunk else remaining,
+        remaining_budget=remaining, critic_may_score=chunk, needs_prefix_value=True,
+        chunk_tokens=chunk_tokens)
+
+  def chunk_length(self, trajectory: Trajectory, cut: int) -> int:
+    """New tokens of a ready chunk from `trajectory` cut at `cut`, before the budget's cap: b, or
+    (`chunk_through_uncredited`) as far as the trajectory's chunk_end when that is further."""
+    b = self.settings.chunk_size
+    if self.settings.chunk_through_uncredited and trajectory.chunk_end is not None:
+      return max(b, trajectory.chunk_end - cut)
+    return b
 
   # --- observe ------------------------------------------------------------------------------------
 
@@ -205,7 +216,7 @@ class Controller:
         passed = self._passes(c)
         trajectory = Trajectory(self._next_trajectory_id, problem, freeze_tokens(c.tokens_N),
                                 c.points, passed, c.reference if passed else None, step,
-                                c.cut_end)
+                                c.cut_end, c.chunk_end)
         self._next_trajectory_id += 1
         if not s.correct_only or trajectory.passed:
           new_trajectories.append(trajectory)

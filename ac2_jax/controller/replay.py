@@ -25,6 +25,7 @@ class Trajectory:
   reference: Any                # the solution shown to the critic when passed, else None
   step: int                     # step whose refill produced it
   cut_end: int | None = None    # the latest cut a replay may take (Continuation.cut_end)
+  chunk_end: int | None = None  # where a ready chunk should reach (Continuation.chunk_end)
 
   @property
   def length(self) -> int:

@@ -9,6 +9,7 @@ Variants of ALGORITHMS.md are switches here:
   group_size_one      each ready, unaudited slot becomes g single continuations from distinct cuts;
                       targets = grid(v); rows whose prefix value V(s) is invalid are dropped.
   cut_before_uncredited  cuts end at or before a trajectory's first line without credit.
+  chunk_through_uncredited  ready chunks from such cuts run at least through that line.
   stale_buffer        every `stale_period` steps collect n_refill * stale_factor rollouts and make
                       them the whole replay buffer for the next `stale_period` steps; no refills in
                       between.
@@ -59,6 +60,12 @@ class ControllerSettings:
   # without credit), so no replayed prefix holds a mistake that fixes every continuation's value.
   # The algorithm fills cut_end only when this is on.
   cut_before_uncredited: bool = False
+  # A departure, off in the paper: a ready chunk from a stored trajectory's prefix runs at least to
+  # its `chunk_end` (the task's `replay_chunk_end`: just past the first line without credit, the
+  # line its score turned on), so its end states differ where the reward does; chunk b is the
+  # least. Needs cut_before_uncredited (the cut then stops at or before that line); the algorithm
+  # fills chunk_end only when this is on.
+  chunk_through_uncredited: bool = False
   # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).
   critic_buffer_capacity: int = 1_920
   critic_pairs_per_update: int = 768
@@ -125,6 +132,9 @@ class ControllerSettings:
          f'audit_fraction must lie in [0, 1], got {self.audit_fraction}')
     need(self.chunk_size <= self.response_budget,
          f'chunk_size ({self.chunk_size}) exceeds response_budget ({self.response_budget})')
+    need(self.cut_before_uncredited or not self.chunk_through_uncredited,
+         'chunk_through_uncredited needs cut_before_uncredited (a chunk runs through the line '
+         'a cut stops before)')
     need(0.0 <= self.max_cut_fraction < 1.0,
          f'max_cut_fraction must lie in [0, 1), got {self.max_cut_fraction}')
     need(self.min_valid_per_target <= self.group_size,

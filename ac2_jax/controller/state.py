@@ -97,6 +97,8 @@ def pack_trajectories(trajectories: Sequence[Trajectory], kept_lengths: dict[int
       'steps': pack_array(np.array([t.step for t in ts], np.int64)),
       'cut_ends': pack_array(np.array([-1 if t.cut_end is None else t.cut_end for t in ts],
                                       np.int64)),
+      'chunk_ends': pack_array(np.array([-1 if t.chunk_end is None else t.chunk_end for t in ts],
+                                        np.int64)),
       'tokens': pack_ragged([t.tokens_L[:kept_lengths[t.trajectory_id]] for t in ts], np.int32),
       'references': [pack_value(t.reference) for t in ts],
   }
@@ -108,17 +110,20 @@ def unpack_trajectories(packed: dict) -> dict[int, Trajectory]:
              for k in ('ids', 'problems', 'points', 'passed', 'steps')]
   tokens = unpack_ragged(packed['tokens'])
   references = packed['references']
-  # A state saved before trajectories kept a cut end has none (-1: None).
-  cut_ends = (unpack_array(packed['cut_ends']).tolist() if 'cut_ends' in packed
-              else [-1] * len(columns[0]))
-  if not len(tokens) == len(references) == len(cut_ends) == len(columns[0]):
+  # A state saved before trajectories kept a cut (chunk) end has none (-1: None).
+  cut_ends, chunk_ends = ((unpack_array(packed[k]).tolist() if k in packed
+                           else [-1] * len(columns[0])) for k in ('cut_ends', 'chunk_ends'))
+  if not (len(tokens) == len(references) == len(cut_ends) == len(chunk_ends)
+          == len(columns[0])):
     raise ValueError(f'trajectory columns disagree: {len(columns[0])} ids, {len(tokens)} token '
-                     f'arrays, {len(references)} references, {len(cut_ends)} cut ends')
+                     f'arrays, {len(references)} references, {len(cut_ends)} cut ends, '
+                     f'{len(chunk_ends)} chunk ends')
   by_id = {}
   for k, (i, problem, points, passed, step) in enumerate(zip(*columns)):
     by_id[i] = Trajectory(i, problem, freeze_tokens(tokens[k]), None if points < 0 else points,
                           bool(passed), unpack_value(references[k]), step,
-                          None if cut_ends[k] < 0 else cut_ends[k])
+                          None if cut_ends[k] < 0 else cut_ends[k],
+                          None if chunk_ends[k] < 0 else chunk_ends[k])
   return by_id
 
 

@@ -55,6 +55,9 @@ class GenerationRequest:
   # answer go to the critic, everything else to the judge.
   critic_may_score: bool
   needs_prefix_value: bool   # the critic's V(s) here is needed (readiness error, group-1 baseline)
+  # Ready slots (chunks and audits): the new tokens of the slot's chunk before the budget's cap (b,
+  # or further with `chunk_through_uncredited`); an audit's chunk-end reads stop there. 0 otherwise.
+  chunk_tokens: int = 0
 
   @property
   def empty_prefix(self) -> bool:
@@ -100,6 +103,8 @@ class Continuation:
     answer). Must be a numpy array or JSON data so the checkpoint can hold it.
   cut_end: refills only, the latest token position a replayed prefix of tokens_N may end at (the
     task's `replay_cut_end`, with `cut_before_uncredited`); None: the cut grid alone decides.
+  chunk_end: refills only, the token position a ready chunk from a prefix of tokens_N should reach
+    at least (the task's `replay_chunk_end`, with `chunk_through_uncredited`); None: chunk b.
   """
 
   value: float | None
@@ -109,6 +114,7 @@ class Continuation:
   tokens_N: np.ndarray | None = None
   reference: Any = None
   cut_end: int | None = None
+  chunk_end: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,10 +217,12 @@ def check_result(i: int, request: GenerationRequest, result: RequestResult,
         bad = f'passed ({c.points} points with a complete answer) but carries no reference solution'
     if bad is None and refill and c.tokens_N is None:
       bad = 'refill continuations must carry their response tokens (tokens_N)'
-    if bad is None and c.cut_end is not None:
-      if not refill:
-        bad = f'only refills carry a cut_end (got {c.cut_end!r}): other continuations are not stored'
-      elif not (isinstance(c.cut_end, (int, np.integer)) and c.cut_end >= 0):
-        bad = f'cut_end must be None or an integer >= 0, got {c.cut_end!r}'
+    for name in ('cut_end', 'chunk_end'):
+      end = getattr(c, name)
+      if bad is None and end is not None:
+        if not refill:
+          bad = f'only refills carry a {name} (got {end!r}): other continuations are not stored'
+        elif not (isinstance(end, (int, np.integer)) and end >= 0):
+          bad = f'{name} must be None or an integer >= 0, got {end!r}'
     if bad is not None:
       raise ValueError(f'{where}, continuation {j}: {bad}')

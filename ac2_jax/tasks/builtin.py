@@ -338,6 +338,25 @@ def replay_cut_end(problem: ChainProblem, response: str, scoring: str) -> int | 
   return thinking_span(response)[1]
 
 
+def replay_chunk_end(problem: ChainProblem, response: str, scoring: str) -> int | None:
+  """Where a ready chunk replayed from a cut at or before `replay_cut_end` should end at the
+  earliest (a character offset): just past the first line without credit, with its newline. That
+  is the line the score of the response turned on, so a chunk that stops before it ends in states
+  the score does not yet tell apart (BENCHMARKS.md, session 27). None under 'local', and when every
+  written line has credit (the chunk b then decides)."""
+  if scoring not in LEADING_SCORINGS:
+    return None
+  credited = sum(line_credits(problem, response, scoring))
+  starts = thinking_line_starts(response)
+  if credited >= min(len(starts), problem.steps):
+    return None
+  if credited + 1 < len(starts):
+    return starts[credited + 1]
+  end = thinking_span(response)[1]
+  newline = response.find('\n', starts[credited], end)
+  return end if newline < 0 else newline + 1
+
+
 def line_credits(problem: ChainProblem, response: str, scoring: str = 'local') -> list[bool]:
   """Per step of the problem, whether the response's line for it earns credit under `scoring`.
 
@@ -538,6 +557,11 @@ class BuiltinTask:
   def replay_cut_end(self, record: base.ProblemRecord, response_text: str) -> int | None:
     """The latest character offset of a replayed prefix of this response (`replay_cut_end`)."""
     return replay_cut_end(parse_problem(record.prompt), response_text, self.settings.scoring)
+
+  def replay_chunk_end(self, record: base.ProblemRecord, response_text: str) -> int | None:
+    """The earliest character offset a ready chunk from this response's prefix should reach
+    (`replay_chunk_end`)."""
+    return replay_chunk_end(parse_problem(record.prompt), response_text, self.settings.scoring)
 
   def score(self, record: base.ProblemRecord, response_text: str) -> grading.Grade:
     """Points for one response; ValueError when the record is not a built-in problem."""

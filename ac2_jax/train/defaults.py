@@ -131,6 +131,10 @@ def base_config() -> ml_collections.ConfigDict:
   # task's leading scoring no longer credits, where every continuation would tie (the built-in
   # chain; controller/settings.py; BENCHMARKS.md, session 25).
   c.controller.cut_before_uncredited = False
+  # Off: the paper. On (with cut_before_uncredited): a ready chunk runs at least through that first
+  # uncredited line, the line the score turned on (controller/settings.py; BENCHMARKS.md,
+  # session 27: a 16-token chunk ended before it in a quarter of the audited groups).
+  c.controller.chunk_through_uncredited = False
   c.controller.critic_buffer_capacity = 160
   c.controller.critic_pairs_per_update = 32
   # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also
