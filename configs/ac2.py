@@ -132,13 +132,16 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       their trajectory's first uncredited line and ready chunks run at least through
                       it (controller.cut_before_uncredited, controller.chunk_through_uncredited;
                       BENCHMARKS.md "Session 26", "Session 27")
+  at_uncredited       uncredited, and the prefix ends at that line's start itself, so every
+                      continuation begins with the line the stored response's score turned on
+                      (controller.cut_at_uncredited; BENCHMARKS.md "Session 27")
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
-            'reference_check', 'uncredited')
+            'reference_check', 'uncredited', 'at_uncredited')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -175,9 +178,10 @@ def apply_variant(c, name: str):
     c.critic[name] = True
     c.critic.warmup = SELF_CHECK_WARMUP
     c.critic.target = 'two_hot'
-  elif name == 'uncredited':
+  elif name in ('uncredited', 'at_uncredited'):
     c.controller.cut_before_uncredited = True
     c.controller.chunk_through_uncredited = True
+    c.controller.cut_at_uncredited = name == 'at_uncredited'
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 

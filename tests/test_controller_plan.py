@@ -83,6 +83,30 @@ def test_cuts_stay_at_or_before_each_trajectorys_cut_end():
   assert list(sampling.cut_candidates(27, 10, 0.9)) == [0, 10, 20]
 
 
+def test_cuts_at_each_trajectorys_cut_end():
+  s = tiny_settings(n_refill=4, n_batch=40, cut_before_uncredited=True, cut_at_uncredited=True)
+  c = Controller(s, seed=2, problem_ids=problem_ids(4))
+  # p0: no end (the grid draw stays); p1: 0; p2: 19 (off the grid of 10); p3: 99, past L - 1.
+  ends = {'p0': None, 'p1': 0, 'p2': 19, 'p3': 99}
+  run_step(c, 0, cut_end=lambda r: ends[r.problem_id])
+  cuts = collections.defaultdict(set)
+  for r in c.plan(1).requests:
+    if r.kind != RequestKind.REFILL:
+      cuts[r.problem_id].add(r.cut)
+  p0, p3 = (next(t for t in c.replay.trajectories if t.problem == k) for k in (0, 3))
+  assert cuts['p1'] == {0} and cuts['p2'] == {19} and cuts['p3'] == {p3.length - 1}
+  assert len(cuts['p0']) > 1 and all(cut % 10 == 0 and cut <= 0.9 * p0.length
+                                     for cut in cuts['p0'])
+  # The draw behind the cuts is the same as without the switch: the slots and audits do not move.
+  plain = Controller(dataclasses.replace(s, cut_at_uncredited=False), seed=2,
+                     problem_ids=problem_ids(4))
+  run_step(plain, 0, cut_end=lambda r: ends[r.problem_id])
+  assert ([(r.kind, r.slot, r.source_trajectory_id) for r in plain.plan(1).requests]
+          == [(r.kind, r.slot, r.source_trajectory_id) for r in c.plan(1).requests])
+  with pytest.raises(ValueError, match='cut_at_uncredited needs cut_before_uncredited'):
+    tiny_settings(cut_at_uncredited=True)
+
+
 def test_ready_chunks_run_through_each_trajectorys_chunk_end():
   s = tiny_settings(n_refill=6, n_batch=30, chunk_size=10, cut_grid=10,
                     cut_before_uncredited=True, chunk_through_uncredited=True)

@@ -393,14 +393,18 @@ def test_cuts_before_uncredited_lines_through_the_trainer(train_base, tmp_path, 
                                     controller__cut_before_uncredited=True))
 
 
+@pytest.mark.parametrize('arg', ['uncredited', 'at_uncredited'])
 def test_chunks_run_through_uncredited_lines_through_the_trainer(train_base, tmp_path,
-                                                                recorded_plans):
-  """`controller.chunk_through_uncredited` (AC2 variant `uncredited`): every stored refill carries
-  the token position just past its first line without credit (recomputed here from its text); at
-  the next step, with every problem ready, each ready chunk and audit reaches at least that far,
-  b at the least, the budget at the most, and the audits read the critic at those chunk ends."""
-  c = tiny_config(train_base, 'ac2', 'uncredited', task__builtin_scoring='leading_fine')
+                                                                recorded_plans, arg):
+  """`controller.chunk_through_uncredited` (AC2 variants `uncredited`, `at_uncredited`): every
+  stored refill carries the token position just past its first line without credit (recomputed
+  here from its text); at the next step, with every problem ready, each ready chunk and audit
+  reaches at least that far, b at the least, the budget at the most, and the audits read the
+  critic at those chunk ends. `at_uncredited` (controller.cut_at_uncredited) also cuts every
+  prefix at its trajectory's cut end itself."""
+  c = tiny_config(train_base, 'ac2', arg, task__builtin_scoring='leading_fine')
   assert c.controller.cut_before_uncredited and c.controller.chunk_through_uncredited
+  assert c.controller.cut_at_uncredited == (arg == 'at_uncredited')
   rt, algorithm, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
   state, _ = algorithm.step(rt, state, 1, experiment.step_key(c.seed, 1))
   controller = recorded_plans[-1][0]
@@ -418,7 +422,10 @@ def test_chunks_run_through_uncredited_lines_through_the_trainer(train_base, tmp
   ready = [r for r in plan.requests if r.kind in (RequestKind.READY_CHUNK, RequestKind.AUDIT)]
   assert ready
   for r in ready:
-    end = stored[r.source_trajectory_id].chunk_end
+    source = stored[r.source_trajectory_id]
+    if arg == 'at_uncredited':
+      assert r.cut == min(source.cut_end, source.length - 1)
+    end = source.chunk_end
     assert r.chunk_tokens == (b if end is None else max(b, end - r.cut))
     if r.kind == RequestKind.READY_CHUNK:
       assert r.max_new_tokens == min(r.chunk_tokens, budget - r.cut)

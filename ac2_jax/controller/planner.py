@@ -135,6 +135,8 @@ class Controller:
                                   np.array([t.length for t in trajectories], np.int64),
                                   s.cut_grid, s.max_cut_fraction,
                                   sampling.cut_ends(trajectories))
+      if s.cut_at_uncredited:  # drawn all the same, so the step's other draws do not move
+        cuts = sampling.cuts_at_ends(cuts, trajectories)
       ready = self.readiness.ready_P[slot_problems]
       ready_slots = np.flatnonzero(ready)
       num_ready_slots = int(ready_slots.size)

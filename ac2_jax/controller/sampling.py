@@ -54,6 +54,12 @@ def sample_cuts(rng: np.random.Generator, lengths_S: np.ndarray, grid: int,
   return np.minimum(picks_S * grid, np.maximum(lengths_S - 1, 0))
 
 
+def cuts_at_ends(cuts_S: np.ndarray, trajectories: Sequence[Trajectory]) -> np.ndarray:
+  """Each trajectory's cut_end (capped at L - 1) in place of its drawn cut, where it has one."""
+  return np.array([c if t.cut_end is None else min(t.cut_end, max(t.length - 1, 0))
+                   for c, t in zip(np.asarray(cuts_S).tolist(), trajectories)], np.int64)
+
+
 def cut_candidates(length: int, grid: int, max_fraction: float, end: int | None = None
                    ) -> np.ndarray:
   """Every cut sample_cuts can return for a trajectory of this length (and cut end), ascending

@@ -10,6 +10,7 @@ Variants of ALGORITHMS.md are switches here:
                       targets = grid(v); rows whose prefix value V(s) is invalid are dropped.
   cut_before_uncredited  cuts end at or before a trajectory's first line without credit.
   chunk_through_uncredited  ready chunks from such cuts run at least through that line.
+  cut_at_uncredited   cuts are that line's start itself, not a grid point below it.
   stale_buffer        every `stale_period` steps collect n_refill * stale_factor rollouts and make
                       them the whole replay buffer for the next `stale_period` steps; no refills in
                       between.
@@ -66,6 +67,12 @@ class ControllerSettings:
   # least. Needs cut_before_uncredited (the cut then stops at or before that line); the algorithm
   # fills chunk_end only when this is on.
   chunk_through_uncredited: bool = False
+  # A departure, off in the paper: a replayed prefix ends exactly at its trajectory's cut_end
+  # (the start of its first uncredited line, off the cut grid), not at a grid point drawn below
+  # it, so every continuation's first new line is the one the stored response's score turned on
+  # and none regenerates the right lines before it (BENCHMARKS.md, session 27). Needs
+  # cut_before_uncredited; group-size-1 singles keep their distinct grid cuts.
+  cut_at_uncredited: bool = False
   # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).
   critic_buffer_capacity: int = 1_920
   critic_pairs_per_update: int = 768
@@ -135,6 +142,8 @@ class ControllerSettings:
     need(self.cut_before_uncredited or not self.chunk_through_uncredited,
          'chunk_through_uncredited needs cut_before_uncredited (a chunk runs through the line '
          'a cut stops before)')
+    need(self.cut_before_uncredited or not self.cut_at_uncredited,
+         'cut_at_uncredited needs cut_before_uncredited (the cut end it cuts at)')
     need(0.0 <= self.max_cut_fraction < 1.0,
          f'max_cut_fraction must lie in [0, 1), got {self.max_cut_fraction}')
     need(self.min_valid_per_target <= self.group_size,

@@ -135,6 +135,9 @@ def base_config() -> ml_collections.ConfigDict:
   # uncredited line, the line the score turned on (controller/settings.py; BENCHMARKS.md,
   # session 27: a 16-token chunk ended before it in a quarter of the audited groups).
   c.controller.chunk_through_uncredited = False
+  # Off: the paper. On (with cut_before_uncredited): a replayed prefix ends at that line's start
+  # itself, not at a grid point below it (controller/settings.py; BENCHMARKS.md, session 27).
+  c.controller.cut_at_uncredited = False
   c.controller.critic_buffer_capacity = 160
   c.controller.critic_pairs_per_update = 32
   # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also
