@@ -178,10 +178,8 @@ def apply_variant(c, name: str):
     c.critic[name] = True
     c.critic.warmup = SELF_CHECK_WARMUP
     c.critic.target = 'two_hot'
-  elif name in ('uncredited', 'at_uncredited'):
-    c.controller.cut_before_uncredited = True
-    c.controller.chunk_through_uncredited = True
-    c.controller.cut_at_uncredited = name == 'at_uncredited'
+  elif name in defaults.UNCREDITED_ARGUMENTS:
+    defaults.apply_uncredited(c, name)
   else:
     raise ValueError(f'unknown AC2 variant {name!r}; known: {", ".join(VARIANTS)}')
 

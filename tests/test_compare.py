@@ -159,8 +159,12 @@ def test_parse_methods_and_configs(compared, train_base):
   m = compare.parse_method('ac2:chunk_small+no_audit')
   assert m.variants == ('chunk_small', 'no_audit') and m.dirname == 'ac2-chunk_small-no_audit'
   assert m.config_arg('bench') == 'bench,chunk_small,no_audit'
-  with pytest.raises(ValueError, match='only ac2, grpo'):
-    compare.parse_method('prefix_grpo:no_audit')
+  with pytest.raises(ValueError, match="unknown method 'evaluate'"):
+    compare.parse_method('evaluate:no_audit')
+  with pytest.raises(ValueError, match='unknown Prefix GRPO config arguments'):
+    compare.load_config(CONFIGS, compare.parse_method('prefix_grpo:no_audit'), '')
+  pg = compare.load_config(CONFIGS, compare.parse_method('prefix_grpo:at_uncredited'), 'bench')
+  assert pg.controller.cut_before_uncredited and pg.controller.cut_at_uncredited
   assert compare.parse_method('grpo:async').config_arg('bench') == 'bench,async'
   with pytest.raises(ValueError, match='unknown GRPO config arguments'):
     compare.load_config(CONFIGS, compare.parse_method('grpo:no_audit'), '')

@@ -315,6 +315,21 @@ def base_config() -> ml_collections.ConfigDict:
 
 # The config arguments every config file takes (besides its own): `tiny` and `cpu` name the default.
 SHARED_ARGUMENTS = ('qwen3_4b', 'bench', 'walk', 'tiny', 'cpu')
+# Replay variants of AC2 and Prefix GRPO on the built-in chain under a leading scoring
+# (`apply_uncredited`).
+UNCREDITED_ARGUMENTS = ('uncredited', 'at_uncredited')
+
+
+def apply_uncredited(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """`uncredited`: replayed prefixes end at or before their trajectory's first uncredited line and
+  ready chunks run at least through it; `at_uncredited`: the prefixes end at that line's start
+  itself (controller/settings.py)."""
+  if name not in UNCREDITED_ARGUMENTS:
+    raise ValueError(f'{name!r} is not one of {UNCREDITED_ARGUMENTS}')
+  c.controller.cut_before_uncredited = True
+  c.controller.chunk_through_uncredited = True
+  c.controller.cut_at_uncredited = name == 'at_uncredited'
+  return c
 
 
 def apply_shared_arguments(c: ml_collections.ConfigDict, parts
