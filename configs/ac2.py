@@ -134,7 +134,8 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       BENCHMARKS.md "Session 26", "Session 27")
   at_uncredited       uncredited, and the prefix ends at that line's start itself, so every
                       continuation begins with the line the stored response's score turned on
-                      (controller.cut_at_uncredited; BENCHMARKS.md "Session 27")
+                      (controller.cut_at_uncredited; it unlearned the chains on the one seed
+                      measured, with a critic and without: BENCHMARKS.md "Session 27")
 """
 
 from ac2_jax.train import defaults

@@ -70,8 +70,9 @@ class ControllerSettings:
   # A departure, off in the paper: a replayed prefix ends exactly at its trajectory's cut_end
   # (the start of its first uncredited line, off the cut grid), not at a grid point drawn below
   # it, so every continuation's first new line is the one the stored response's score turned on
-  # and none regenerates the right lines before it (BENCHMARKS.md, session 27). Needs
-  # cut_before_uncredited; group-size-1 singles keep their distinct grid cuts.
+  # and none regenerates the right lines before it. Measured on one seed it unlearns the chains,
+  # for AC2 and Prefix GRPO alike (0.356 -> 0.33 / 0.30 in 60 steps; BENCHMARKS.md, session 27).
+  # Needs cut_before_uncredited; group-size-1 singles keep their distinct grid cuts.
   cut_at_uncredited: bool = False
   # Critic targets and buffer (items 5, 9); targets live on the critic's grid (critic/values.py).
   critic_buffer_capacity: int = 1_920

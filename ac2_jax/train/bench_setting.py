@@ -38,6 +38,10 @@ Tried in sessions 25-26 (BENCHMARKS.md): K = 12 under 'leading_fine' with a fift
 (sft.blind_fraction 0.2, no step mistakes, 1,400 SFT steps) starts at 0.356 on seed 0 and GRPO is long
 (0.520 at step 60, still rising); AC2 and Prefix GRPO track GRPO per FLOP, with 37-49% of replay groups
 tied even when cuts stop before the first uncredited line (controller.cut_before_uncredited).
+Session 27 (BENCHMARKS.md): seed 2 of that setting starts at 0.379 and GRPO reaches 0.439 at step 60,
+still rising. Ready chunks that run through the first uncredited line (AC2 variant `uncredited`) tie
+in 21-27% of groups instead of 48% and give AC2 its best runs there, still on GRPO's line of score
+against decoding FLOPs.
 """
 
 from __future__ import annotations
