@@ -136,13 +136,18 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       continuation begins with the line the stored response's score turned on
                       (controller.cut_at_uncredited; it unlearned the chains on the one seed
                       measured, with a critic and without: BENCHMARKS.md "Session 27")
+  audit_gate          ready chunks are critic-scored only while the audits show the critic ranks
+                      them (chunk advantages correlated 0.3 or more with the Monte Carlo ones over
+                      the last 5 steps of audits); until then every ready slot is audited
+                      (controller.audit_gate, a departure: readiness tests accuracy only, which a
+                      critic that answers one value per problem passes: BENCHMARKS.md "Session 28")
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
-            'reference_check', 'uncredited', 'at_uncredited')
+            'reference_check', 'uncredited', 'at_uncredited', 'audit_gate')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -172,6 +177,8 @@ def apply_variant(c, name: str):
     c.critic.adapter_rank = ADAPTER_RANK
   elif name == 'revocable':
     c.controller.readiness_revocable = True
+  elif name == 'audit_gate':
+    c.controller.audit_gate = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'

@@ -66,6 +66,12 @@ def main(argv):
       print(f'critic: {m["ready_problems"]} problems ready ({first}); ready fraction of replay '
             f'slots over the second half {0.0 if second is None else second:.2f}; '
             f'{m["critic_scored_share"] or 0.0:.1%} of rows were critic-scored chunks')
+      if m['critic_audit_corr'] is not None:
+        trusted = m['critic_trusted_share']
+        print(f'audits: critic chunk advantages correlate {m["critic_audit_corr"]:.2f} with '
+              f'Monte Carlo ones (mean over steps of the readiness window); the critic scored '
+              f'chunks after {0.0 if trusted is None else trusted:.0%} of the steps with a ready '
+              'problem')
     print('plots:', *summary.plots, sep='\n  ')
 
 

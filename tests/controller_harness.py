@@ -38,8 +38,10 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
                  reference: Callable[[GenerationRequest, int], Any] | None = None,
                  cut_end: Callable[[GenerationRequest], int | None] = lambda r: None,
                  chunk_end: Callable[[GenerationRequest], int | None] = lambda r: None,
+                 audit_read: Callable[[GenerationRequest, int], float | None] | None = None,
                  ) -> list[RequestResult]:
-  """Results for every request: judged values become points = round(7 v) with a complete answer."""
+  """Results for every request: judged values become points = round(7 v) with a complete answer.
+  `audit_read`: every audited continuation ran past its chunk, and the critic read this there."""
   results = []
   for request in plan.requests:
     continuations = []
@@ -56,9 +58,11 @@ def make_results(plan: StepPlan, settings: ControllerSettings, *,
         tokens = (np.arange(length(request)) + 1000 * plan.step).astype(np.int32)
         end, reach = cut_end(request), chunk_end(request)
       source = ValueSource.CRITIC if critic else ValueSource.JUDGE
+      read = audit_read is not None and request.kind == RequestKind.AUDIT
       continuations.append(Continuation(value=v, source=source, points=points,
                                         complete_answer=not critic, tokens_N=tokens, reference=ref,
-                                        cut_end=end, chunk_end=reach))
+                                        cut_end=end, chunk_end=reach, chunk_end_read=read,
+                                        chunk_end_value=audit_read(request, j) if read else None))
     results.append(RequestResult(tuple(continuations),
                                  prefix(request) if request.needs_prefix_value else None))
   return results

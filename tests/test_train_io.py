@@ -182,10 +182,14 @@ def test_mechanism_summary_by_hand():
     records.append({'step': step, 'num_ready_problems': ready, 'ready_fraction': frac,
                     'routed_to_critic': routed, 'rows_generated': 40,
                     'replay/zero_variance_groups': zero,
-                    'replay/zero_variance_groups/ready_chunk': None if step < 3 else 1 - frac})
+                    'replay/zero_variance_groups/ready_chunk': None if step < 3 else 1 - frac,
+                    'critic_audit_corr': [float('nan'), None, 0.2, 0.4][step - 1],
+                    'critic_trusted': float(step == 4)})
   out = metrics_lib.mechanism_summary(records)
-  assert out == {'ready_problems': 6, 'first_ready_step': 2, 'ready_fraction_second_half': 0.6,
-                 'critic_scored_share': 40 / 160, 'zero_variance_groups': 0.25,
-                 'zero_variance_groups/ready_chunk': 0.4}
+  assert out == pytest.approx({
+      'ready_problems': 6, 'first_ready_step': 2, 'ready_fraction_second_half': 0.6,
+      'critic_scored_share': 40 / 160, 'zero_variance_groups': 0.25,
+      'zero_variance_groups/ready_chunk': 0.4, 'critic_audit_corr': 0.3,
+      'critic_trusted_share': 1 / 3})
   # A run without a critic (GRPO) has nothing to say.
   assert metrics_lib.mechanism_summary([{'step': 1, 'reward/judged_mean': 0.2}]) == {}

@@ -24,7 +24,7 @@ from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows as rows_lib
 from ac2_jax.learner import state as state_lib
 from ac2_jax.learner import updates
-from ac2_jax.train import checkpoint_eval, checkpointing, experiment, loop
+from ac2_jax.train import checkpoint_eval, checkpointing, critic_panels, experiment, loop
 from ac2_jax.train import sft as sft_lib
 from train_fixtures import (AC2_VARIANTS, REPO, as_flags, check_one_step,  # noqa: F401
                             compile_cache, is_finite_number, length_credit_build_task,
@@ -436,6 +436,34 @@ def test_chunks_run_through_uncredited_lines_through_the_trainer(train_base, tmp
     if r.kind == RequestKind.AUDIT:
       g = audits[(r.slot, r.cut)]
       assert g['chunk_end_read'] == [n > r.chunk_tokens for n in g['new_tokens']]
+
+
+def test_audit_gate_through_the_trainer(train_base, tmp_path, recorded_plans):
+  """AC2 variant `audit_gate`: with every problem ready at step 2 and no audit yet, every ready
+  slot is audited; the controller's gate sees the same chunk-end reads and rewards as the audit
+  records (its correlation is the critic panels' over them), and step 3 audits every ready slot
+  or alpha of them as the gate says."""
+  c = tiny_config(train_base, 'ac2', 'audit_gate')
+  assert c.controller.audit_gate
+  rt, algorithm, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  state, _ = algorithm.step(rt, state, 1, experiment.step_key(c.seed, 1))
+  controller = algorithm.controller
+  controller.readiness.ready_P[:] = True
+  state, record = algorithm.step(rt, state, 2, experiment.step_key(c.seed, 2))
+  kinds = [r.kind for r in recorded_plans[-1][1].requests if r.kind != RequestKind.REFILL]
+  assert kinds == [RequestKind.AUDIT] * c.controller.n_batch
+  audited = critic_panels.groups([{'step': 2, 'groups': algorithm.audited_groups()}])
+  assert any(g.critic_share > 0 for g in audited)
+  panel = critic_panels.summarize(audited)
+  assert controller.audit_gate.num_rows == panel['advantage_rows'] > 0
+  np.testing.assert_allclose(record['critic_audit_corr'], panel['advantage_corr'])
+  trusted = controller.audit_gate.trusted()
+  assert record['critic_trusted'] == float(trusted)
+  state, _ = algorithm.step(rt, state, 3, experiment.step_key(c.seed, 3))
+  plan = recorded_plans[-1][1]
+  audits = [r for r in plan.requests if r.kind == RequestKind.AUDIT]
+  assert len(audits) == (math.ceil(c.controller.audit_fraction * plan.num_ready_slots) if trusted
+                         else plan.num_ready_slots)
 
 
 def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):

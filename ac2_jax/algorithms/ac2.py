@@ -50,6 +50,10 @@ class ChunkRow:
   to_critic: bool = False        # route: the critic scores the endpoint, else the judge
   grade: Grade | None = None     # score of a judged row
   critic_value: float | None = None  # score of a routed row (None: invalid read)
+  # An audited row that ran past its slot's chunk: the critic's read at the chunk end
+  # (`audit_records`; None: invalid), for the audit gate and the critic panels.
+  chunk_end_read: bool = False
+  chunk_end_value: float | None = None
   decoding_flops: float = 0.0    # F(p, g) of this row's generation
 
   @property
@@ -235,6 +239,9 @@ class AC2(base.Algorithm):
     records = []
     for i, has_reference, noref, ends in asked:
       req, used = data.plan.requests[i], data.prefix_values.get(i)
+      for row, k in zip(members[i], ends):
+        row.chunk_end_read = k is not None
+        row.chunk_end_value = None if k is None else reads[k]
       records.append({
           'problem': req.problem_id, 'slot': req.slot, 'cut': req.cut,
           'reference': has_reference,
@@ -242,8 +249,8 @@ class AC2(base.Algorithm):
           'v_prefix_noref': reads[noref] if has_reference else used,
           'rewards': [r.grade.reward if r.grade.valid else None for r in members[i]],
           'new_tokens': [len(r.rollout.new_N) for r in members[i]],
-          'chunk_end_read': [k is not None for k in ends],
-          'chunk_end_value': [None if k is None else reads[k] for k in ends],
+          'chunk_end_read': [r.chunk_end_read for r in members[i]],
+          'chunk_end_value': [r.chunk_end_value for r in members[i]],
       })
     return records
 
@@ -328,7 +335,9 @@ class AC2(base.Algorithm):
                             tokens_N=tokens,
                             reference=rt.task.reference_from_response(row.text)
                             if passing else None, cut_end=self._cut_end(rt, row),
-                            chunk_end=self._chunk_end(rt, row))
+                            chunk_end=self._chunk_end(rt, row),
+                            chunk_end_read=row.chunk_end_read,
+                            chunk_end_value=row.chunk_end_value)
 
   def _cut_end(self, rt: Runtime, row: ChunkRow) -> int | None:
     """A refill's latest replay cut in tokens (`cut_before_uncredited`), else None."""

@@ -24,6 +24,7 @@ import numpy as np
 from ac2_jax.controller import rng as rng_lib
 from ac2_jax.controller import sampling
 from ac2_jax.controller import state as state_lib
+from ac2_jax.controller.audit_gate import AuditGate, audit_advantages
 from ac2_jax.controller.bank import ReferenceBank
 from ac2_jax.controller.critic_buffer import (ChunkEnd, ContextLimit, CriticBatch, CriticBuffer,
                                              CriticPair, chunk_end_records)
@@ -63,6 +64,9 @@ class Controller:
     self.critic_buffer = CriticBuffer(settings.critic_buffer_capacity)
     self.bank = ReferenceBank(len(self.problem_ids))
     self.readiness = Readiness(len(self.problem_ids), settings)
+    # Fed by every run's audits (the correlation is a metric); it gates only with audit_gate.
+    self.audit_gate = AuditGate(settings.readiness_window, settings.audit_gate_corr,
+                                settings.audit_gate_rows)
     self.critic_lr_schedule = CriticLRController(settings)
     self.entropy_schedule = EntropyController(settings)
     self.last_step: int | None = None
@@ -140,8 +144,9 @@ class Controller:
       ready = self.readiness.ready_P[slot_problems]
       ready_slots = np.flatnonzero(ready)
       num_ready_slots = int(ready_slots.size)
+      alpha = s.audit_fraction_now(self.audit_gate.trusted())
       audited = set(ready_slots[sampling.select_audits(
-          self._generator('audit', step), num_ready_slots, s.effective_audit_fraction)].tolist())
+          self._generator('audit', step), num_ready_slots, alpha)].tolist())
       singles_rng = self._generator('group_one', step)
       for slot, (trajectory, cut) in enumerate(zip(trajectories, cuts.tolist())):
         if not ready[slot] or slot in audited:
@@ -245,6 +250,7 @@ class Controller:
         source = trajectories_by_id.get(request.source_trajectory_id)  # None: empty by design
         pairs.append(CriticPair(problem, source, request.cut, target, step, mean))
 
+    self.audit_gate.record_step(_audited_advantages(plan.requests, results))
     has_error = ~np.isnan(errors_R)
     self.readiness.record_step(np.array(error_problems, np.int64), errors_R[counted_R],
                                np.array(nonzero, np.int64))
@@ -295,12 +301,19 @@ class Controller:
         num_ready_chunk=kinds.count(RequestKind.READY_CHUNK),
         num_audit=kinds.count(RequestKind.AUDIT),
         num_revoked=int(revoked.size),
+        critic_audit_corr=self.audit_gate.correlation(),
+        critic_trusted=self.audit_gate_open,
     )
     return StepOutcome(step, targets_R, errors_R,
                        tuple(self.problem_ids[p] for p in newly_ready.tolist()), stats)
 
   def _passes(self, c: Continuation) -> bool:
     return passes(c, self.settings)
+
+  @property
+  def audit_gate_open(self) -> bool:
+    """Whether the next plan critic-scores its unaudited ready slots' chunks."""
+    return not self.settings.audit_gate or self.audit_gate.trusted()
 
   # --- schedules ----------------------------------------------------------------------------------
 
@@ -388,6 +401,7 @@ class Controller:
             'nonzero_prediction': state_lib.pack_array(readiness['nonzero_prediction']),
             'window': [state_lib.pack_array(w) for w in readiness['window']],
         },
+        'audit_gate': [state_lib.pack_array(w) for w in self.audit_gate.state_dict()],
         'critic_lr': self.critic_lr_schedule.state_dict(),
         'entropy': self.entropy_schedule.state_dict(),
     }
@@ -419,9 +433,28 @@ class Controller:
         'nonzero_prediction': state_lib.unpack_array(r['nonzero_prediction']),
         'window': [state_lib.unpack_array(w) for w in r['window']],
     })
+    # A state saved before the gate existed restores an empty window: a gate switched on from
+    # such a checkpoint audits every ready slot until its audits speak.
+    self.audit_gate.load_state_dict([state_lib.unpack_array(w)
+                                     for w in state.get('audit_gate', [])])
     self.critic_lr_schedule.load_state_dict(state['critic_lr'])
     self.entropy_schedule.load_state_dict(state['entropy'])
     self.last_step = state['last_step']
     self._stale_collection_step = state['stale_collection_step']
     self._next_trajectory_id = int(state['next_trajectory_id'])
     self._pending = None
+
+
+def _audited_advantages(requests: Sequence[GenerationRequest], results: Sequence[RequestResult]):
+  """The audit gate's view of a step: each audited group with a chunk-end read and no failed
+  judge call, as critic and Monte Carlo advantages."""
+  out = []
+  for request, result in zip(requests, results):
+    cs = result.continuations
+    if request.kind != RequestKind.AUDIT or not any(c.chunk_end_read for c in cs):
+      continue
+    a = audit_advantages([c.value for c in cs], [c.chunk_end_read for c in cs],
+                         [c.chunk_end_value for c in cs])
+    if a is not None and a.critic_A.size:
+      out.append(a)
+  return out

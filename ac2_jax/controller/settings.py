@@ -28,6 +28,10 @@ Variants of ALGORITHMS.md are switches here:
                       departure from item 6 ("once ready, ready forever"), so that the audits
                       that measure a ready critic can also stop trusting a critic that has gone
                       stale while the policy moved on.
+  audit_gate          ready chunks are critic-scored only while the audits' chunk advantages
+                      correlate with their Monte Carlo ones (audit_gate.py); until then every ready
+                      slot is audited; a departure: readiness tests accuracy only, which a critic
+                      that answers one value per problem passes (BENCHMARKS.md, sessions 27-28).
 """
 
 from __future__ import annotations
@@ -106,6 +110,14 @@ class ControllerSettings:
   no_reference: bool = False
   readiness_judged_only: bool = False
   readiness_revocable: bool = False
+  # A departure, off in the paper (audit_gate.py): every ready slot is audited (alpha = 1) until
+  # the critic's chunk advantages over the audits of the last readiness_window steps with audits
+  # correlate at audit_gate_corr or more with their Monte Carlo advantages, over audit_gate_rows
+  # rows at least. 0.3 sits under the paper's main run (0.388) and far above a critic that does
+  # not rank (0.18, BENCHMARKS.md, session 27); 32 rows: 4 audited groups of g = 8.
+  audit_gate: bool = False
+  audit_gate_corr: float = 0.3
+  audit_gate_rows: int = 32
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
   bank_from_data: bool = False
@@ -130,7 +142,7 @@ class ControllerSettings:
     for name in ('group_size', 'buffer_capacity', 'response_budget', 'chunk_size', 'cut_grid',
                  'critic_buffer_capacity', 'critic_pairs_per_update', 'min_valid_per_target',
                  'readiness_window', 'max_points', 'stale_period', 'stale_factor',
-                 'critic_lr_patience', 'critic_updates'):
+                 'critic_lr_patience', 'critic_updates', 'audit_gate_rows'):
       value = getattr(self, name)
       need(isinstance(value, int) and value >= 1, f'{name} must be an integer >= 1, got {value!r}')
     for name in ('n_batch', 'n_refill', 'chunk_end_pairs'):
@@ -138,6 +150,11 @@ class ControllerSettings:
       need(isinstance(value, int) and value >= 0, f'{name} must be an integer >= 0, got {value!r}')
     need(0.0 <= self.audit_fraction <= 1.0,
          f'audit_fraction must lie in [0, 1], got {self.audit_fraction}')
+    need(-1.0 <= self.audit_gate_corr <= 1.0,
+         f'audit_gate_corr must lie in [-1, 1], got {self.audit_gate_corr}')
+    need(not (self.audit_gate and self.effective_audit_fraction == 0.0),
+         'audit_gate needs audits (audit_fraction > 0, no_audit off): once open, only audits '
+         'can close it')
     need(self.chunk_size <= self.response_budget,
          f'chunk_size ({self.chunk_size}) exceeds response_budget ({self.response_budget})')
     need(self.cut_before_uncredited or not self.chunk_through_uncredited,
@@ -172,6 +189,10 @@ class ControllerSettings:
   @property
   def effective_audit_fraction(self) -> float:
     return 0.0 if self.no_audit else self.audit_fraction
+
+  def audit_fraction_now(self, gate_trusted: bool) -> float:
+    """alpha of the step being planned: 1 while an audit gate does not trust the critic."""
+    return 1.0 if self.audit_gate and not gate_trusted else self.effective_audit_fraction
 
   @property
   def refills_per_collection(self) -> int:

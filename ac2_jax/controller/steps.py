@@ -105,6 +105,10 @@ class Continuation:
     task's `replay_cut_end`, with `cut_before_uncredited`); None: the cut grid alone decides.
   chunk_end: refills only, the token position a ready chunk from a prefix of tokens_N should reach
     at least (the task's `replay_chunk_end`, with `chunk_through_uncredited`); None: chunk b.
+  chunk_end_read / chunk_end_value: audits only, for the audit gate (audit_gate.py): the
+    continuation ran past the slot's chunk, so the critic was read where the chunk would have
+    ended, and that read (None: unparseable). Not read: the chunk would have been the whole
+    continuation, and its value stands in.
   """
 
   value: float | None
@@ -115,6 +119,8 @@ class Continuation:
   reference: Any = None
   cut_end: int | None = None
   chunk_end: int | None = None
+  chunk_end_read: bool = False
+  chunk_end_value: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -151,6 +157,11 @@ class StepStats:
   num_ready_chunk: int
   num_audit: int
   num_revoked: int = 0           # ready problems whose audit took readiness back (revocable only)
+  # The audit gate (audit_gate.py) after this step: the window's correlation of critic with Monte
+  # Carlo chunk advantages (NaN: no audit rows or a constant side, gate or not), and whether the
+  # next plan critic-scores ready chunks (always 1 without the gate).
+  critic_audit_corr: float = float('nan')
+  critic_trusted: bool = True
 
   def as_dict(self) -> dict[str, float]:
     return {k: float(v) for k, v in dataclasses.asdict(self).items()}
@@ -224,5 +235,12 @@ def check_result(i: int, request: GenerationRequest, result: RequestResult,
           bad = f'only refills carry a {name} (got {end!r}): other continuations are not stored'
         elif not (isinstance(end, (int, np.integer)) and end >= 0):
           bad = f'{name} must be None or an integer >= 0, got {end!r}'
+    if bad is None and (c.chunk_end_read or c.chunk_end_value is not None):
+      if request.kind != RequestKind.AUDIT:
+        bad = 'only audits carry chunk-end reads: other slots are scored as they ran'
+      elif not c.chunk_end_read:
+        bad = f'a chunk_end_value ({c.chunk_end_value!r}) without chunk_end_read'
+      elif c.chunk_end_value is not None and not _is_unit_number(c.chunk_end_value):
+        bad = f'chunk_end_value must be None (invalid) or in [0, 1], got {c.chunk_end_value!r}'
     if bad is not None:
       raise ValueError(f'{where}, continuation {j}: {bad}')

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ac2_jax.controller.audit_gate import audit_advantages, pearson
 from ac2_jax.train.metrics import AUDITS_FILE, METRICS_FILE, read_metrics
 
 NAN = float('nan')
@@ -102,24 +103,15 @@ class Group:
 
 def group_of(step: int, g: Mapping[str, Any]) -> Group | None:
   """The panels' view of one audit record; None for a group with a failed judge call."""
-  rewards = g['rewards']
-  if not rewards or any(r is None for r in rewards):
+  a = audit_advantages(g['rewards'], g['chunk_end_read'], g['chunk_end_value'])
+  if a is None:
     return None
-  r_G = np.asarray(rewards, np.float64)
-  read_G = np.asarray(g['chunk_end_read'], bool)
-  ends = g['chunk_end_value']
-  valid_G = np.array([not read or v is not None for read, v in zip(read_G, ends)], bool)
-  v_G = np.array([(v if v is not None else NAN) if read else r
-                  for read, v, r in zip(read_G, ends, r_G)], np.float64)
-  v_G[~valid_G] = v_G[valid_G].mean() if valid_G.any() else 0.0
-  mean_v, mean_r = float(v_G.mean()), float(r_G.mean())
   v_prefix = g['v_prefix_ref'] if g['reference'] else g['v_prefix_noref']
   return Group(step=int(step), problem=g['problem'], reference=bool(g['reference']),
-               mean_reward=mean_r, v_prefix=v_prefix, v_prefix_ref=g['v_prefix_ref'],
-               v_prefix_noref=g['v_prefix_noref'], mean_value=mean_v,
-               critic_share=float(read_G.mean()),
-               critic_advantages=(v_G - mean_v)[valid_G],
-               reward_advantages=(r_G - mean_r)[valid_G])
+               mean_reward=a.mean_reward, v_prefix=v_prefix, v_prefix_ref=g['v_prefix_ref'],
+               v_prefix_noref=g['v_prefix_noref'], mean_value=a.mean_value,
+               critic_share=float(np.mean(g['chunk_end_read'])),
+               critic_advantages=a.critic_A, reward_advantages=a.reward_A)
 
 
 def groups(audits: Sequence[Mapping[str, Any]]) -> list[Group]:
@@ -136,16 +128,6 @@ def groups(audits: Sequence[Mapping[str, Any]]) -> list[Group]:
 def _mae(pairs: Sequence[tuple[float | None, float]]) -> float:
   errors = [abs(a - b) for a, b in pairs if a is not None]
   return float(np.mean(errors)) if errors else NAN
-
-
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
-  """Pearson correlation; NaN with fewer than 2 points or a constant side."""
-  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-  if x.size < 2:
-    return NAN
-  dx, dy = x - x.mean(), y - y.mean()
-  scale = math.sqrt(float(dx @ dx) * float(dy @ dy))
-  return float(dx @ dy) / scale if scale > 0 else NAN
 
 
 def summarize(gs: Sequence[Group]) -> dict[str, float]:

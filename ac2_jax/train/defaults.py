@@ -161,6 +161,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.readiness_judged_only = False
   # Off: the paper (ready forever). On: a failed audit makes its problem unready again.
   c.controller.readiness_revocable = False
+  # Off: the spec's readiness. On (variant audit_gate): chunks are critic-scored only while the
+  # audits' chunk advantages correlate with their Monte Carlo ones (controller/audit_gate.py).
+  c.controller.audit_gate = False
+  c.controller.audit_gate_corr = 0.3
+  c.controller.audit_gate_rows = 32
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems

@@ -136,7 +136,11 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   any problem was ready (None: never); ready_fraction_second_half: mean ready fraction of replay
   slots over the second half of the steps; critic_scored_share: rows scored by the critic / rows
   generated; zero_variance_groups: mean share of replay groups with equal values, and
-  zero_variance_groups/<kind> the same over the steps with groups of that request kind.
+  zero_variance_groups/<kind> the same over the steps with groups of that request kind;
+  critic_audit_corr: the mean over steps of the audits' windowed correlation of critic with Monte
+  Carlo chunk advantages (the audit gate's test); critic_trusted_share: of the steps that ended
+  with a ready problem, the share after which the critic scored ready chunks (below 1 only under
+  controller.audit_gate).
   """
   steps = [r for r in records if r.get('step', 0) > 0 and 'ready_fraction' in r]
   if not steps:
@@ -146,8 +150,8 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   second = [r['ready_fraction'] for r in steps if r['step'] > last / 2]
   rows = sum(r.get('rows_generated', 0) for r in steps)
 
-  def mean_of(key):
-    values = [r[key] for r in steps if r.get(key) is not None]
+  def mean_of(key, among=steps):
+    values = [r[key] for r in among if r.get(key) is not None and r[key] == r[key]]  # no NaN
     return float(np.mean(values)) if values else None
 
   prefix = 'replay/zero_variance_groups/'
@@ -160,4 +164,6 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                               if rows else None),
       'zero_variance_groups': mean_of('replay/zero_variance_groups'),
       **{f'zero_variance_groups/{kind}': mean_of(prefix + kind) for kind in kinds},
+      'critic_audit_corr': mean_of('critic_audit_corr'),
+      'critic_trusted_share': mean_of('critic_trusted', ready),
   }
