@@ -32,7 +32,6 @@ No JAX: a notebook (notebooks/critic_diagnostics.ipynb) reads a workdir copied o
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any, Mapping, Sequence
 
