@@ -141,13 +141,16 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       the last 5 steps of audits); until then every ready slot is audited
                       (controller.audit_gate, a departure: readiness tests accuracy only, which a
                       critic that answers one value per problem passes: BENCHMARKS.md "Session 28")
+  judged_pairs        the critic trains only on judge-valued targets (unready groups, audits), not
+                      on ready groups' means of its own chunk-end values
+                      (controller.critic_judged_only, a departure: BENCHMARKS.md "Session 29")
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
-            'reference_check', 'uncredited', 'at_uncredited', 'audit_gate')
+            'reference_check', 'uncredited', 'at_uncredited', 'audit_gate', 'judged_pairs')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -179,6 +182,8 @@ def apply_variant(c, name: str):
     c.controller.readiness_revocable = True
   elif name == 'audit_gate':
     c.controller.audit_gate = True
+  elif name == 'judged_pairs':
+    c.controller.critic_judged_only = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'

@@ -190,3 +190,24 @@ def test_revocable_readiness_takes_back_the_problems_whose_audit_fails():
   c.observe(6, make_results(plan, c.settings, value=lambda r, j: 0.5, prefix=lambda r: 0.5))
   _drive(c, range(7, 12), value=lambda r, j: 0.5, prefix=lambda r: 0.5)
   assert _ready(c) == set(problem_ids(P))
+
+
+def test_judged_only_critic_pairs_leave_out_the_critics_own_targets():
+  """Every problem ready after steps 0-4; at step 5 the judge values every continuation 0.5 while
+  the critic reads 1.0 at chunk ends. A ready group's target is then 1.0, the mean of its critic
+  values; with critic_judged_only none of those enters the critic buffer, every judged one does."""
+  late = lambda r, j: 1.0 if r.kind == RequestKind.READY_CHUNK and r.critic_may_score else 0.5
+  for judged_only in (False, True):
+    c = _controller(critic_judged_only=judged_only, critic_buffer_capacity=1000)
+    _drive(c, range(5))
+    before = len(c.critic_buffer)
+    plan = c.plan(5)
+    scored = sum(r.kind == RequestKind.READY_CHUNK and r.critic_may_score for r in plan.requests)
+    judged = sum(r.kind in (RequestKind.AUDIT, RequestKind.UNREADY) for r in plan.requests)
+    assert scored and judged
+    c.observe(5, make_results(plan, c.settings, value=late, prefix=lambda r: 1.0))
+    targets = sorted(p.target for p in c.critic_buffer.pairs[before:])
+    if judged_only:
+      assert targets == [0.5] * judged
+    else:
+      assert targets == [0.5] * judged + [1.0] * scored

@@ -242,11 +242,11 @@ class Controller:
       targets_R[i] = target
       errors_R[i] = 1.0 if prediction is None else abs(prediction - target)
       invalid_predictions += prediction is None
-      if not s.readiness_judged_only or all(c.source == ValueSource.JUDGE
-                                            for c in result.continuations):
+      judged = all(c.source == ValueSource.JUDGE for c in result.continuations)
+      if judged or not s.readiness_judged_only:
         error_problems.append(problem)
         counted_R[i] = True
-      if not (single and prediction is None):
+      if not (single and prediction is None) and (judged or not s.critic_judged_only):
         source = trajectories_by_id.get(request.source_trajectory_id)  # None: empty by design
         pairs.append(CriticPair(problem, source, request.cut, target, step, mean))
 

@@ -23,6 +23,11 @@ Variants of ALGORITHMS.md are switches here:
                       valued whole (unready groups, audits); a departure from item 6, where a ready
                       group's target is the mean of the critic's own chunk-end values, so a critic that
                       answers one value validates itself (BENCHMARKS.md, session 10).
+  critic_judged_only  the critic buffer takes only targets that the judge valued whole (unready
+                      groups, audits); a departure from item 5, where a ready group's target, the
+                      mean of the critic's own chunk-end values, also trains the critic: on one
+                      seed a critic trained on them lost its ranking during RL (BENCHMARKS.md,
+                      session 28).
   readiness_revocable  an audit whose judged target the critic misses by tau_local or more makes
                       its problem unready again (it may become ready again by the usual test); a
                       departure from item 6 ("once ready, ready forever"), so that the audits
@@ -109,6 +114,7 @@ class ControllerSettings:
   no_local_readiness: bool = False
   no_reference: bool = False
   readiness_judged_only: bool = False
+  critic_judged_only: bool = False
   readiness_revocable: bool = False
   # A departure, off in the paper (audit_gate.py): every ready slot is audited (alpha = 1) until
   # the critic's chunk advantages over the audits of the last readiness_window steps with audits

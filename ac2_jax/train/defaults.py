@@ -159,6 +159,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.no_reference = False
   # Off: the paper. On: only judge-valued targets measure readiness (controller/settings.py).
   c.controller.readiness_judged_only = False
+  # Off: the paper (ready groups' critic-valued targets train the critic too). On (variant
+  # judged_pairs): only judge-valued targets enter the critic buffer (controller/settings.py).
+  c.controller.critic_judged_only = False
   # Off: the paper (ready forever). On: a failed audit makes its problem unready again.
   c.controller.readiness_revocable = False
   # Off: the spec's readiness. On (variant audit_gate): chunks are critic-scored only while the
