@@ -144,13 +144,18 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   judged_pairs        the critic trains only on judge-valued targets (unready groups, audits), not
                       on ready groups' means of its own chunk-end values
                       (controller.critic_judged_only, a departure: BENCHMARKS.md "Session 29")
+  audit_scale         ready chunks' critic advantages times the audits' slope of Monte Carlo on
+                      critic advantages, in [1, 3] (controller.audit_scale, a departure: the
+                      critic that ranks chunks moves its values about half as far as the rewards
+                      move, BENCHMARKS.md "Session 29")
 """
 
 from ac2_jax.train import defaults
 
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
-            'reference_check', 'uncredited', 'at_uncredited', 'audit_gate', 'judged_pairs')
+            'reference_check', 'uncredited', 'at_uncredited', 'audit_gate', 'judged_pairs',
+            'audit_scale')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -184,6 +189,8 @@ def apply_variant(c, name: str):
     c.controller.audit_gate = True
   elif name == 'judged_pairs':
     c.controller.critic_judged_only = True
+  elif name == 'audit_scale':
+    c.controller.audit_scale = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'

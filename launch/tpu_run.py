@@ -72,6 +72,10 @@ def main(argv):
               f'Monte Carlo ones (mean over steps of the readiness window); the critic scored '
               f'chunks after {0.0 if trusted is None else trusted:.0%} of the steps with a ready '
               'problem')
+        scale = m.get('chunk_advantage_scale')
+        if scale is not None and scale != 1.0:
+          print(f'audits: ready chunks\' critic advantages scaled by {scale:.2f} on average '
+                '(controller.audit_scale)')
     print('plots:', *summary.plots, sep='\n  ')
 
 

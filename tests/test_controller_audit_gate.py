@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ac2_jax.controller import Continuation, Controller, RequestKind, RequestResult, ValueSource
-from ac2_jax.controller.audit_gate import AuditGate, audit_advantages
+from ac2_jax.controller.audit_gate import AuditGate, advantage_slope, audit_advantages
 from ac2_jax.controller.steps import check_result
 from controller_harness import make_results, problem_ids, run_step, tiny_settings
 
@@ -48,6 +48,20 @@ def test_gate_needs_rows_and_a_correlation_and_forgets_old_steps():
   assert restored.correlation() == gate.correlation()
   with pytest.raises(ValueError, match='audit gate state'):
     restored.load_state_dict([np.zeros((3, 2))])
+
+
+def test_slope_of_monte_carlo_on_critic_advantages():
+  # Critic advantages (0.1, -0.1, 0.2, -0.2), Monte Carlo (0.3, -0.1, 0.4, -0.6):
+  # sum a r = 0.03 + 0.01 + 0.08 + 0.12 = 0.24 over sum a^2 = 0.10.
+  a, r = np.array([0.1, -0.1, 0.2, -0.2]), np.array([0.3, -0.1, 0.4, -0.6])
+  assert advantage_slope(a, r) == pytest.approx(2.4)
+  assert advantage_slope(np.zeros(4), r) != advantage_slope(np.zeros(4), r)  # flat critic: NaN
+  gate = AuditGate(window=2, min_corr=0.3, min_rows=4)
+  gate.record_step([_group([0.6, 0.4], [0.8, 0.4])])
+  assert gate.slope() != gate.slope()  # 2 rows: too few to calibrate on
+  gate.record_step([_group([0.7, 0.3], [0.9, 0.1])])
+  # Critic (0.1, -0.1, 0.2, -0.2), rewards (0.2, -0.2, 0.4, -0.4): twice the critic's.
+  assert gate.slope() == pytest.approx(2.0)
 
 
 def _ready_controller(**changes):
@@ -111,9 +125,30 @@ def test_gate_window_survives_a_checkpoint_and_old_states_restore_it_empty():
   assert restored.audit_gate.num_rows == 0 and not restored.audit_gate_open
 
 
+def test_audit_scale_is_the_windows_slope_clipped_to_one_and_the_cap():
+  """Chunk-end reads a fifth apart against rewards a third apart: Monte Carlo advantages are
+  5/3 of the critic's. audit_scale makes that the chunk advantages' factor; the cap and the floor
+  clip it (a backwards critic's slope -1 to 1); without the setting, or before the window holds audit_gate_rows rows, it is 1."""
+  for changes, read, expected in (({}, lambda r, j: 0.2 + j / 5, 1.0),
+                                  ({'audit_scale': True}, lambda r, j: 0.2 + j / 5, 5 / 3),
+                                  ({'audit_scale': True, 'audit_scale_max': 1.5},
+                                   lambda r, j: 0.2 + j / 5, 1.5),
+                                  ({'audit_scale': True}, lambda r, j: 1 - j / 3, 1.0)):  # -1
+    c = _ready_controller(audit_gate_rows=8, **changes)
+    assert c.chunk_advantage_scale == 1.0  # no audit rows yet
+    _, outcome = run_step(c, 5, value=SPREAD, prefix=lambda r: 0.5, audit_read=read)
+    assert c.audit_gate.num_rows >= 8
+    assert outcome.stats.chunk_advantage_scale == pytest.approx(expected)
+    assert c.chunk_advantage_scale == pytest.approx(expected)
+
+
 def test_refused_settings_and_results():
   with pytest.raises(ValueError, match='audit_gate needs audits'):
     tiny_settings(audit_gate=True, no_audit=True)
+  with pytest.raises(ValueError, match='audit_scale needs audits'):
+    tiny_settings(audit_scale=True, audit_fraction=0.0)
+  with pytest.raises(ValueError, match='audit_scale_max'):
+    tiny_settings(audit_scale=True, audit_scale_max=0.5)
   with pytest.raises(ValueError, match='audit_gate_corr'):
     tiny_settings(audit_gate_corr=1.5)
   c = _ready_controller()

@@ -184,12 +184,13 @@ def test_mechanism_summary_by_hand():
                     'replay/zero_variance_groups': zero,
                     'replay/zero_variance_groups/ready_chunk': None if step < 3 else 1 - frac,
                     'critic_audit_corr': [float('nan'), None, 0.2, 0.4][step - 1],
-                    'critic_trusted': float(step == 4)})
+                    'critic_trusted': float(step == 4),
+                    'chunk_advantage_scale': [1.0, 1.0, 1.5, 2.5][step - 1]})
   out = metrics_lib.mechanism_summary(records)
   assert out == pytest.approx({
       'ready_problems': 6, 'first_ready_step': 2, 'ready_fraction_second_half': 0.6,
       'critic_scored_share': 40 / 160, 'zero_variance_groups': 0.25,
       'zero_variance_groups/ready_chunk': 0.4, 'critic_audit_corr': 0.3,
-      'critic_trusted_share': 1 / 3})
+      'critic_trusted_share': 1 / 3, 'chunk_advantage_scale': 5 / 3})
   # A run without a critic (GRPO) has nothing to say.
   assert metrics_lib.mechanism_summary([{'step': 1, 'reward/judged_mean': 0.2}]) == {}

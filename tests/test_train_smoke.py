@@ -19,6 +19,7 @@ from ac2_jax import controller as ctl
 from ac2_jax import models, tokenization
 from ac2_jax.algorithms import ac2 as ac2_lib
 from ac2_jax.bench import critic_drift
+from ac2_jax.controller.audit_gate import AuditAdvantages
 from ac2_jax.controller.steps import RequestKind
 from ac2_jax.learner import critic_adapter
 from ac2_jax.learner import rows as rows_lib
@@ -438,18 +439,27 @@ def test_chunks_run_through_uncredited_lines_through_the_trainer(train_base, tmp
       assert g['chunk_end_read'] == [n > r.chunk_tokens for n in g['new_tokens']]
 
 
+def _every_problem_ready_at_step_2(train_base, tmp_path, variant: str, before=lambda _: None):
+  """An AC2 variant's run through step 1, then every problem made ready (and `before` applied to
+  the controller) and step 2: (config, runtime, algorithm, state, step 2's record)."""
+  c = tiny_config(train_base, 'ac2', variant)
+  rt, algorithm, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  state, _ = algorithm.step(rt, state, 1, experiment.step_key(c.seed, 1))
+  algorithm.controller.readiness.ready_P[:] = True
+  before(algorithm.controller)
+  state, record = algorithm.step(rt, state, 2, experiment.step_key(c.seed, 2))
+  return c, rt, algorithm, state, record
+
+
 def test_audit_gate_through_the_trainer(train_base, tmp_path, recorded_plans):
   """AC2 variant `audit_gate`: with every problem ready at step 2 and no audit yet, every ready
   slot is audited; the controller's gate sees the same chunk-end reads and rewards as the audit
   records (its correlation is the critic panels' over them), and step 3 audits every ready slot
   or alpha of them as the gate says."""
-  c = tiny_config(train_base, 'ac2', 'audit_gate')
+  c, rt, algorithm, state, record = _every_problem_ready_at_step_2(train_base, tmp_path,
+                                                                  'audit_gate')
   assert c.controller.audit_gate
-  rt, algorithm, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
-  state, _ = algorithm.step(rt, state, 1, experiment.step_key(c.seed, 1))
   controller = algorithm.controller
-  controller.readiness.ready_P[:] = True
-  state, record = algorithm.step(rt, state, 2, experiment.step_key(c.seed, 2))
   kinds = [r.kind for r in recorded_plans[-1][1].requests if r.kind != RequestKind.REFILL]
   assert kinds == [RequestKind.AUDIT] * c.controller.n_batch
   audited = critic_panels.groups([{'step': 2, 'groups': algorithm.audited_groups()}])
@@ -464,6 +474,50 @@ def test_audit_gate_through_the_trainer(train_base, tmp_path, recorded_plans):
   audits = [r for r in plan.requests if r.kind == RequestKind.AUDIT]
   assert len(audits) == (math.ceil(c.controller.audit_fraction * plan.num_ready_slots) if trusted
                          else plan.num_ready_slots)
+
+
+def test_audit_scale_through_the_trainer(train_base, tmp_path, monkeypatch):
+  """AC2 variant `audit_scale`: with every problem ready and the gate's window seeded with audit
+  rows whose Monte Carlo advantages are twice the critic's, the step logs the controller's scale
+  (above 1), and on that step's rows, their critic reads set to distinct values (the tiny critic's
+  are mostly invalid), a ready group trains on the scale times v_i - mean_j v_j, an audited
+  group on its plain r_i - mean_j r_j."""
+  assigned = []
+  real_assign = ac2_lib.AC2.assign_advantages
+
+  def recording(self, data):
+    real_assign(self, data)
+    assigned.append(data)
+
+  monkeypatch.setattr(ac2_lib.AC2, 'assign_advantages', recording)
+  critic_A = np.linspace(-0.2, 0.2, 64)
+  c, _, algorithm, _, record = _every_problem_ready_at_step_2(
+      train_base, tmp_path, 'audit_scale',
+      lambda controller: controller.audit_gate.record_step(
+          [AuditAdvantages(0.5, 0.5, critic_A, 2 * critic_A)]))
+  assert c.controller.audit_scale
+  controller = algorithm.controller
+  scale = controller.chunk_advantage_scale
+  assert 1.0 < scale <= c.controller.audit_scale_max
+  assert record['chunk_advantage_scale'] == pytest.approx(scale)
+  data = assigned[-1]
+  groups = {}
+  for row in data.rows:
+    groups.setdefault(row.request_index, []).append(row)
+  kinds = {i: data.plan.requests[i].kind for i in groups}
+  ready = [m for i, m in groups.items() if kinds[i] == RequestKind.READY_CHUNK
+           and any(r.to_critic for r in m)]
+  audited = [m for i, m in groups.items() if kinds[i] == RequestKind.AUDIT]
+  assert ready and audited
+  for members in ready:
+    for k, m in enumerate(members):
+      if m.to_critic:
+        m.critic_value = 0.1 * (k + 1)
+  real_assign(algorithm, data)
+  for members, factor in [(m, scale) for m in ready] + [(m, 1.0) for m in audited]:
+    v = np.array([m.actor_value for m in members])
+    np.testing.assert_allclose([m.rollout.advantage for m in members], factor * (v - v.mean()),
+                               atol=1e-5)
 
 
 def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):

@@ -267,11 +267,13 @@ class AC2(base.Algorithm):
 
   def assign_advantages(self, data: StepData) -> None:
     """A_i = v_i - mean_j v_j per group (invalid reads: weight 0, filled); group-1 singles v - V(s).
-    Refills fill the replay buffer and are never trained on (weight 0). Every group's advantages
-    are computed on the device and read back together, in one read."""
+    A ready group's chunk advantages times the controller's `chunk_advantage_scale` (1 unless
+    audit_scale). Refills fill the replay buffer and are never trained on (weight 0). Every group's
+    advantages are computed on the device and read back together, in one read."""
     groups: dict[int, list[ChunkRow]] = {}
     for row in data.rows:
       groups.setdefault(row.request_index, []).append(row)
+    scale = self.controller.chunk_advantage_scale
     pending = []
     for r, members in groups.items():
       req = data.plan.requests[r]
@@ -288,8 +290,11 @@ class AC2(base.Algorithm):
         pending.append((members, _chunk_advantages(*jax.device_put((values, valid)))))
     host = device_reads.read('advantages', [aw for _, aw in pending])
     for (members, _), (a, w) in zip(pending, host):
+      req = data.plan.requests[members[0].request_index]
+      scaled = req.kind == RequestKind.READY_CHUNK and req.num_continuations > 1 and any(
+          m.to_critic for m in members)
       for k, m in enumerate(members):
-        m.rollout.advantage = float(a[k])
+        m.rollout.advantage = float(a[k]) * (scale if scaled else 1.0)
         m.rollout.weight = float(w[k])
 
   def update(self, rt: Runtime, state, step: int, data: StepData,

@@ -15,6 +15,12 @@ correlation is at least `audit_gate_corr` over at least `audit_gate_rows` rows. 
 whenever it falls below, every ready slot is audited (alpha = 1): its continuations run to the end
 and train on judge rewards as an unready slot's do, and the audits keep measuring the critic,
 whose pairs keep entering the critic buffer, so the gate can open again.
+
+The same window calibrates (`controller.audit_scale`, a departure of its own): a critic that ranks
+chunks well may still move its values less than the rewards move (on seed 0 of the session-28 runs
+the Monte Carlo advantages were about 2x the critic's at correlation 0.8), so a ready chunk's
+advantage v_i - mean_j v_j is multiplied by the window's slope of Monte Carlo on critic advantages,
+clipped to [1, audit_scale_max]: its expected Monte Carlo advantage, where the paper's is half that.
 """
 
 from __future__ import annotations
@@ -70,6 +76,13 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
   return float(dx @ dy) / scale if scale > 0 else NAN
 
 
+def advantage_slope(critic_A: np.ndarray, reward_A: np.ndarray) -> float:
+  """Least-squares slope through 0 of the Monte Carlo advantages on the critic's: how far the
+  expected reward moves per unit of critic chunk advantage (NaN when every critic one is 0)."""
+  aa = float(critic_A @ critic_A)
+  return float(critic_A @ reward_A) / aa if aa > 0 else NAN
+
+
 class AuditGate:
   """The pooled audit rows of the last `window` steps that had any, and the test on them."""
 
@@ -98,6 +111,11 @@ class AuditGate:
     constant; a critic whose chunk advantages are all 0 does not rank)."""
     pooled = self._pooled()
     return pearson(pooled[0], pooled[1])
+
+  def slope(self) -> float:
+    """The window's `advantage_slope` (NaN under min_rows rows: too few to calibrate on)."""
+    pooled = self._pooled()
+    return advantage_slope(pooled[0], pooled[1]) if pooled.shape[1] >= self.min_rows else NAN
 
   def trusted(self) -> bool:
     corr = self.correlation()

@@ -303,6 +303,7 @@ class Controller:
         num_revoked=int(revoked.size),
         critic_audit_corr=self.audit_gate.correlation(),
         critic_trusted=self.audit_gate_open,
+        chunk_advantage_scale=self.chunk_advantage_scale,
     )
     return StepOutcome(step, targets_R, errors_R,
                        tuple(self.problem_ids[p] for p in newly_ready.tolist()), stats)
@@ -314,6 +315,13 @@ class Controller:
   def audit_gate_open(self) -> bool:
     """Whether the next plan critic-scores its unaudited ready slots' chunks."""
     return not self.settings.audit_gate or self.audit_gate.trusted()
+
+  @property
+  def chunk_advantage_scale(self) -> float:
+    """The factor on ready chunks' critic advantages: the audit window's slope clipped to
+    [1, audit_scale_max] with `audit_scale`, else (or while the window cannot estimate it) 1."""
+    slope = self.audit_gate.slope() if self.settings.audit_scale else math.nan
+    return 1.0 if slope != slope else min(max(slope, 1.0), self.settings.audit_scale_max)
 
   # --- schedules ----------------------------------------------------------------------------------
 

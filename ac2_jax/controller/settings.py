@@ -28,6 +28,10 @@ Variants of ALGORITHMS.md are switches here:
                       mean of the critic's own chunk-end values, also trains the critic: on one
                       seed a critic trained on them lost its ranking during RL (BENCHMARKS.md,
                       session 28).
+  audit_scale         ready chunks' critic advantages are multiplied by the audits' slope of Monte
+                      Carlo on critic advantages (audit_gate.py), in [1, audit_scale_max]; a
+                      departure: a critic that ranks chunks can still move half as far as the
+                      rewards (BENCHMARKS.md, session 29).
   readiness_revocable  an audit whose judged target the critic misses by tau_local or more makes
                       its problem unready again (it may become ready again by the usual test); a
                       departure from item 6 ("once ready, ready forever"), so that the audits
@@ -124,6 +128,13 @@ class ControllerSettings:
   audit_gate: bool = False
   audit_gate_corr: float = 0.3
   audit_gate_rows: int = 32
+  # A departure, off in the paper (audit_gate.py): ready chunks' critic advantages (groups of g,
+  # not group-1 singles) are multiplied by the slope of the audits' Monte Carlo advantages on their
+  # critic ones over the gate's window, clipped to [1, audit_scale_max]; 1 under audit_gate_rows
+  # rows. The floor keeps the paper's advantage where the critic overshoots; the cap bounds a flat
+  # critic's slope (10-100 on a critic that answers one value per problem).
+  audit_scale: bool = False
+  audit_scale_max: float = 3.0
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
   bank_from_data: bool = False
@@ -161,6 +172,10 @@ class ControllerSettings:
     need(not (self.audit_gate and self.effective_audit_fraction == 0.0),
          'audit_gate needs audits (audit_fraction > 0, no_audit off): once open, only audits '
          'can close it')
+    need(not (self.audit_scale and self.effective_audit_fraction == 0.0),
+         'audit_scale needs audits (audit_fraction > 0, no_audit off): its slope is theirs')
+    need(self.audit_scale_max >= 1.0,
+         f'audit_scale_max must be >= 1, got {self.audit_scale_max}')
     need(self.chunk_size <= self.response_budget,
          f'chunk_size ({self.chunk_size}) exceeds response_budget ({self.response_budget})')
     need(self.cut_before_uncredited or not self.chunk_through_uncredited,

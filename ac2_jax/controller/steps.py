@@ -162,6 +162,8 @@ class StepStats:
   # next plan critic-scores ready chunks (always 1 without the gate).
   critic_audit_corr: float = float('nan')
   critic_trusted: bool = True
+  # The factor on this step's ready chunks' critic advantages (audit_scale; 1 without it).
+  chunk_advantage_scale: float = 1.0
 
   def as_dict(self) -> dict[str, float]:
     return {k: float(v) for k, v in dataclasses.asdict(self).items()}

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ac2_jax.controller.audit_gate import audit_advantages, pearson
+from ac2_jax.controller.audit_gate import advantage_slope, audit_advantages, pearson
 from ac2_jax.train.metrics import AUDITS_FILE, METRICS_FILE, read_metrics
 
 NAN = float('nan')
@@ -159,7 +159,7 @@ def summarize(gs: Sequence[Group]) -> dict[str, float]:
       'advantage_corr': pearson(a, r),
       'advantage_mae': float(np.mean(np.abs(a - r))) if a.size else NAN,
       'advantage_scale': _ratio(np.mean(np.abs(a)), np.mean(np.abs(r))) if a.size else NAN,
-      'advantage_slope': _ratio(float(a @ r), float(a @ a)) if a.size else NAN,
+      'advantage_slope': advantage_slope(a, r),
       'flat_groups': float(np.mean([_flat(g) for g in read])) if read else NAN,
   }
 

@@ -169,6 +169,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.controller.audit_gate = False
   c.controller.audit_gate_corr = 0.3
   c.controller.audit_gate_rows = 32
+  # Off: the paper's chunk advantages. On (variant audit_scale): ready chunks' critic advantages
+  # times the audits' slope of Monte Carlo on critic advantages, in [1, audit_scale_max].
+  c.controller.audit_scale = False
+  c.controller.audit_scale_max = 3.0
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems

@@ -140,7 +140,8 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   critic_audit_corr: the mean over steps of the audits' windowed correlation of critic with Monte
   Carlo chunk advantages (the audit gate's test); critic_trusted_share: of the steps that ended
   with a ready problem, the share after which the critic scored ready chunks (below 1 only under
-  controller.audit_gate).
+  controller.audit_gate); chunk_advantage_scale: over those steps, the mean factor on ready chunks'
+  critic advantages (above 1 only under controller.audit_scale).
   """
   steps = [r for r in records if r.get('step', 0) > 0 and 'ready_fraction' in r]
   if not steps:
@@ -166,4 +167,5 @@ def mechanism_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       **{f'zero_variance_groups/{kind}': mean_of(prefix + kind) for kind in kinds},
       'critic_audit_corr': mean_of('critic_audit_corr'),
       'critic_trusted_share': mean_of('critic_trusted', ready),
+      'chunk_advantage_scale': mean_of('chunk_advantage_scale', ready),
   }
