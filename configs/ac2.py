@@ -143,11 +143,14 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       critic that answers one value per problem passes: BENCHMARKS.md "Session 28")
   judged_pairs        the critic trains only on judge-valued targets (unready groups, audits), not
                       on ready groups' means of its own chunk-end values
-                      (controller.critic_judged_only, a departure: BENCHMARKS.md "Session 29")
+                      (controller.critic_judged_only, a departure; on seed 2 it kept the critic's
+                      ranking at 0.24-0.55 where the paper's fell below 0, and the run from falling:
+                      0.406 against 0.350 at step 60, BENCHMARKS.md "Session 29")
   audit_scale         ready chunks' critic advantages times the audits' slope of Monte Carlo on
                       critic advantages, in [1, 3] (controller.audit_scale, a departure: the
                       critic that ranks chunks moves its values about half as far as the rewards
-                      move, BENCHMARKS.md "Session 29")
+                      move; with judged_pairs and audit_gate, peaks 0.428-0.497 on seeds 0-2
+                      against the gate's 0.444-0.526: no gain, BENCHMARKS.md "Session 29")
 """
 
 from ac2_jax.train import defaults
