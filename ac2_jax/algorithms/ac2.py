@@ -285,16 +285,15 @@ class AC2(base.Algorithm):
         baseline = data.prefix_values.get(r)
         inputs = (values, valid, np.array([0.0 if baseline is None else baseline], np.float32),
                   np.array([baseline is not None]))
-        pending.append((members, _single_advantages(*jax.device_put(inputs))))
+        pending.append((members, 1.0, _single_advantages(*jax.device_put(inputs))))
       else:
-        pending.append((members, _chunk_advantages(*jax.device_put((values, valid)))))
-    host = device_reads.read('advantages', [aw for _, aw in pending])
-    for (members, _), (a, w) in zip(pending, host):
-      req = data.plan.requests[members[0].request_index]
-      scaled = req.kind == RequestKind.READY_CHUNK and req.num_continuations > 1 and any(
-          m.to_critic for m in members)
+        critic_scored = req.kind == RequestKind.READY_CHUNK and any(m.to_critic for m in members)
+        pending.append((members, scale if critic_scored else 1.0,
+                        _chunk_advantages(*jax.device_put((values, valid)))))
+    host = device_reads.read('advantages', [aw for _, _, aw in pending])
+    for (members, factor, _), (a, w) in zip(pending, host):
       for k, m in enumerate(members):
-        m.rollout.advantage = float(a[k]) * (scale if scaled else 1.0)
+        m.rollout.advantage = float(a[k]) * factor
         m.rollout.weight = float(w[k])
 
   def update(self, rt: Runtime, state, step: int, data: StepData,

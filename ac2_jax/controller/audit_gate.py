@@ -20,7 +20,8 @@ The same window calibrates (`controller.audit_scale`, a departure of its own): a
 chunks well may still move its values less than the rewards move (on seed 0 of the session-28 runs
 the Monte Carlo advantages were about 2x the critic's at correlation 0.8), so a ready chunk's
 advantage v_i - mean_j v_j is multiplied by the window's slope of Monte Carlo on critic advantages,
-clipped to [1, audit_scale_max]: its expected Monte Carlo advantage, where the paper's is half that.
+clipped to [1, audit_scale_max]: its expected Monte Carlo advantage given the critic's. On three
+seeds it did not help (BENCHMARKS.md, session 29).
 """
 
 from __future__ import annotations

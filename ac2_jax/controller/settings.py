@@ -27,7 +27,7 @@ Variants of ALGORITHMS.md are switches here:
                       groups, audits); a departure from item 5, where a ready group's target, the
                       mean of the critic's own chunk-end values, also trains the critic: on one
                       seed a critic trained on them lost its ranking during RL (BENCHMARKS.md,
-                      session 28).
+                      sessions 28-29).
   audit_scale         ready chunks' critic advantages are multiplied by the audits' slope of Monte
                       Carlo on critic advantages (audit_gate.py), in [1, audit_scale_max]; a
                       departure: a critic that ranks chunks can still move half as far as the
