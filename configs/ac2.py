@@ -151,6 +151,10 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       critic that ranks chunks moves its values about half as far as the rewards
                       move; with judged_pairs and audit_gate, peaks 0.428-0.497 on seeds 0-2
                       against the gate's 0.444-0.526: no gain, BENCHMARKS.md "Session 29")
+  trained_refills     refills of problems whose chunks the critic scores now (ready, the gate open
+                      under audit_gate) also train the actor, single, on r - V(s0)
+                      (controller.train_refills, a departure: the paper never trains refills,
+                      a sixth of AC2's decoded tokens here)
 """
 
 from ac2_jax.train import defaults
@@ -158,7 +162,7 @@ from ac2_jax.train import defaults
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
             'reference_check', 'uncredited', 'at_uncredited', 'audit_gate', 'judged_pairs',
-            'audit_scale')
+            'audit_scale', 'trained_refills')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -194,6 +198,8 @@ def apply_variant(c, name: str):
     c.controller.critic_judged_only = True
   elif name == 'audit_scale':
     c.controller.audit_scale = True
+  elif name == 'trained_refills':
+    c.controller.train_refills = True
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'

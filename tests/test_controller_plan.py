@@ -9,6 +9,7 @@ import pytest
 from ac2_jax.controller import (ChunkEnd, Continuation, Controller, RequestKind, RequestResult,
                                 ValueSource)
 from ac2_jax.controller import sampling
+from ac2_jax.controller.audit_gate import AuditAdvantages
 from controller_harness import make_results, problem_ids, run_step, tiny_settings
 
 
@@ -169,6 +170,29 @@ def test_ready_chunks_audits_and_caps():
   outcome = c.observe(5, make_results(plan, s, value=lambda r, j: 1.0, prefix=lambda r: 0.7))
   assert outcome.stats.critic_error_audited == pytest.approx(0.3)
   assert outcome.stats.ready_fraction == 1.0 and outcome.stats.num_audit == 3
+
+
+@pytest.mark.parametrize('gate', [False, True])
+def test_trained_refills_are_the_ready_problems_while_the_critic_scores_chunks(gate):
+  """controller.train_refills: a refill asks for V(s0) and is trained exactly when its problem is
+  ready and (under audit_gate) the gate is open; the paper's refills are never trained."""
+  s = tiny_settings(n_refill=8, n_batch=4, audit_gate=gate)
+  ids = problem_ids(8)  # every problem gets a refill each step
+
+  def trained_refills(train_refills, gate_open=False):
+    c = Controller(s.replace(train_refills=train_refills), seed=3, problem_ids=ids)
+    run_step(c, 0)
+    c.readiness.ready_P[:4] = True
+    if gate_open:
+      critic_A = np.linspace(-0.2, 0.2, 64)
+      c.audit_gate.record_step([AuditAdvantages(0.5, 0.5, critic_A, critic_A)])
+    refills = [r for r in c.plan(1).requests if r.kind == RequestKind.REFILL]
+    assert len(refills) == 8 and all(r.trained == r.needs_prefix_value for r in refills)
+    return {r.problem_id for r in refills if r.trained}
+
+  assert trained_refills(True) == (set() if gate else set(ids[:4]))
+  assert trained_refills(True, gate_open=True) == set(ids[:4])
+  assert trained_refills(False, gate_open=True) == set()
 
 
 def test_targets_need_enough_valid_values_and_feed_the_critic_buffer():

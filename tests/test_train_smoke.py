@@ -520,6 +520,37 @@ def test_audit_scale_through_the_trainer(train_base, tmp_path, monkeypatch):
                                atol=1e-5)
 
 
+def test_trained_refills_through_the_trainer(train_base, tmp_path, monkeypatch):
+  """AC2 variant `trained_refills`: at step 1 (nothing ready) no refill is trained; at step 2,
+  every problem ready, the critic reads every refill's empty prefix and the step logs how many
+  refills trained; on that step's rows, the reads set by hand (the tiny critic's are mostly
+  invalid), a refill trains on r - V(s0) with weight 1, one whose read is invalid with weight 0."""
+  assigned = []
+  real_assign = ac2_lib.AC2.assign_advantages
+
+  def recording(self, data):
+    real_assign(self, data)
+    assigned.append(data)
+
+  monkeypatch.setattr(ac2_lib.AC2, 'assign_advantages', recording)
+  c, _, algorithm, _, record = _every_problem_ready_at_step_2(train_base, tmp_path,
+                                                             'trained_refills')
+  assert c.controller.train_refills
+  step1, data = assigned
+  assert all(r.rollout.weight == 0 for r in step1.rows_of(RequestKind.REFILL))
+  refills = [i for i, r in enumerate(data.plan.requests) if r.kind == RequestKind.REFILL]
+  assert len(refills) == c.controller.n_refill and set(refills) <= set(data.prefix_values)
+  assert record['refills_trained'] == sum(data.prefix_values[i] is not None for i in refills)
+  baselines = {i: None if k == 0 else 0.1 * k for k, i in enumerate(refills)}
+  data.prefix_values.update(baselines)
+  real_assign(algorithm, data)
+  for row in data.rows_of(RequestKind.REFILL):
+    baseline = baselines[row.request_index]
+    assert row.rollout.weight == (0.0 if baseline is None else 1.0)
+    if baseline is not None:
+      assert row.rollout.advantage == pytest.approx(row.grade.reward - baseline, abs=1e-6)
+
+
 def test_critic_updates_train_the_critic_more_than_once_a_step(train_base, tmp_path, monkeypatch):
   """`controller.critic_updates`: two updates a step on two draws; their records add up and the
   run goes through."""

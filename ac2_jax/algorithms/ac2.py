@@ -268,8 +268,9 @@ class AC2(base.Algorithm):
   def assign_advantages(self, data: StepData) -> None:
     """A_i = v_i - mean_j v_j per group (invalid reads: weight 0, filled); group-1 singles v - V(s).
     A ready group's chunk advantages times the controller's `chunk_advantage_scale` (1 unless
-    audit_scale). Refills fill the replay buffer and are never trained on (weight 0). Every group's
-    advantages are computed on the device and read back together, in one read."""
+    audit_scale). Refills fill the replay buffer and are not trained on (weight 0), except those the
+    controller asked V(s0) for (train_refills): single, r - V(s0). Every group's advantages are
+    computed on the device and read back together, in one read."""
     groups: dict[int, list[ChunkRow]] = {}
     for row in data.rows:
       groups.setdefault(row.request_index, []).append(row)
@@ -277,11 +278,11 @@ class AC2(base.Algorithm):
     pending = []
     for r, members in groups.items():
       req = data.plan.requests[r]
-      if req.kind == RequestKind.REFILL:
+      if not req.trained:
         continue
       values = np.array([m.actor_value for m in members], np.float32)
       valid = np.array([m.actor_valid for m in members], bool)
-      if req.num_continuations == 1 and req.kind == RequestKind.READY_CHUNK:
+      if req.num_continuations == 1 and req.kind in (RequestKind.READY_CHUNK, RequestKind.REFILL):
         baseline = data.prefix_values.get(r)
         inputs = (values, valid, np.array([0.0 if baseline is None else baseline], np.float32),
                   np.array([baseline is not None]))
@@ -421,6 +422,7 @@ class AC2(base.Algorithm):
         'adv/mean': _mean([r.advantage for r in trained]),
         'adv/abs_mean': _mean([abs(r.advantage) for r in trained]),
         'rows_trained': len(trained),
+        'refills_trained': sum(r.rollout.weight > 0 for r in data.rows_of(RequestKind.REFILL)),
         'tokens_generated': int(sum(len(r.rollout.new_N) for r in data.rows)),
         'decoding_flops': data.decoding_flops,
         **_by_kind(data),

@@ -112,12 +112,14 @@ class Controller:
     requests: list[GenerationRequest] = []
     num_refills = s.refills_per_collection if self._collects_refills(step) else 0
     all_problems = np.arange(len(self.problem_ids))
+    # train_refills: a refill is trained, against V(s0), where a ready chunk would be critic-scored.
+    critic_scores = s.train_refills and (not s.audit_gate or self.audit_gate.trusted())
     for p in sampling.cycle_draw(self._generator('refill', step), all_problems, num_refills):
       requests.append(GenerationRequest(
           kind=RequestKind.REFILL, problem_id=self.problem_ids[p], slot=-1,
           source_trajectory_id=-1, prefix_tokens_P=_EMPTY, cut=0, num_continuations=1,
           max_new_tokens=budget, remaining_budget=budget, critic_may_score=False,
-          needs_prefix_value=False))
+          needs_prefix_value=bool(critic_scores and self.readiness.ready_P[p])))
 
     num_ready_slots = 0
     if len(self.replay) == 0:

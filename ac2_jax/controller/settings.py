@@ -135,6 +135,12 @@ class ControllerSettings:
   # critic's slope (10-100 on a critic that answers one value per problem).
   audit_scale: bool = False
   audit_scale_max: float = 3.0
+  # A departure, off in the paper (refills are never trained): a refill of a problem whose chunks
+  # the critic would score now (locally ready, and the audit gate open under audit_gate) is also
+  # trained, single, on A = r - V(s0), the critic's read of its empty prefix. A sixth of AC2's
+  # decoded tokens on the CPU bench setting are refills (BENCHMARKS.md, session 29); this spends
+  # them on the actor too, for one prompt-only critic read each.
+  train_refills: bool = False
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
   bank_from_data: bool = False

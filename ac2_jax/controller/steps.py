@@ -22,7 +22,8 @@ from ac2_jax.controller.settings import ControllerSettings
 
 
 class RequestKind(enum.StrEnum):
-  REFILL = 'refill'            # fresh problem, one full rollout; enters the buffer, never trained
+  REFILL = 'refill'            # fresh problem, one full rollout; enters the buffer (trained only
+                               # under train_refills, against V(s0))
   COLD_START = 'cold_start'    # replay slot while the buffer is empty: fresh problem, empty prefix
   UNREADY = 'unready'          # replayed prefix of an unready problem: g full continuations
   READY_CHUNK = 'ready_chunk'  # replayed prefix of a ready problem: chunks of at most b new tokens
@@ -54,7 +55,9 @@ class GenerationRequest:
   # True only for ready chunks: endpoints that hit max_new_tokens with budget left and no complete
   # answer go to the critic, everything else to the judge.
   critic_may_score: bool
-  needs_prefix_value: bool   # the critic's V(s) here is needed (readiness error, group-1 baseline)
+  # The critic's V(s) here is needed (readiness error, group-1 baseline, a trained refill's
+  # baseline); a refill that carries it is trained (train_refills).
+  needs_prefix_value: bool
   # Ready slots (chunks and audits): the new tokens of the slot's chunk before the budget's cap (b,
   # or further with `chunk_through_uncredited`); an audit's chunk-end reads stop there. 0 otherwise.
   chunk_tokens: int = 0
@@ -66,7 +69,7 @@ class GenerationRequest:
 
   @property
   def trained(self) -> bool:
-    return self.kind != RequestKind.REFILL
+    return self.kind != RequestKind.REFILL or self.needs_prefix_value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -173,6 +173,9 @@ def base_config() -> ml_collections.ConfigDict:
   # times the audits' slope of Monte Carlo on critic advantages, in [1, audit_scale_max].
   c.controller.audit_scale = False
   c.controller.audit_scale_max = 3.0
+  # Off: the paper (refills are never trained). On (variant trained_refills): refills of problems
+  # whose chunks the critic scores train the actor on r - V(s0) (controller/settings.py).
+  c.controller.train_refills = False
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems
