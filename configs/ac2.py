@@ -155,6 +155,9 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       under audit_gate) also train the actor, single, on r - V(s0)
                       (controller.train_refills, a departure: the paper never trains refills,
                       a sixth of AC2's decoded tokens here)
+  no_plain_twin       a critic pair with a reference trains that record alone, not also a twin
+                      without it (controller.critic_plain_twin off, a departure: every read here has
+                      a reference, and the twins are half the critic update's rows)
 """
 
 from ac2_jax.train import defaults
@@ -162,7 +165,7 @@ from ac2_jax.train import defaults
 VARIANTS = ('no_audit', 'group1', 'stale_buffer', 'correct_only', 'chunk_small',
             'no_local_readiness', 'no_reference', 'adapter', 'revocable', 'warmup', 'self_check',
             'reference_check', 'uncredited', 'at_uncredited', 'audit_gate', 'judged_pairs',
-            'audit_scale', 'trained_refills')
+            'audit_scale', 'trained_refills', 'no_plain_twin')
 ADAPTER_RANK = 16
 WARMUP_CURRICULUM = '1:9000,2:6000,4:6000,0:12000'
 WARMUP_ADAPTER_LR = 1e-3  # a rank-16 adapter learned the one-line check 1.5x faster than 3e-4
@@ -200,6 +203,8 @@ def apply_variant(c, name: str):
     c.controller.audit_scale = True
   elif name == 'trained_refills':
     c.controller.train_refills = True
+  elif name == 'no_plain_twin':
+    c.controller.critic_plain_twin = False
   elif name == 'warmup':
     c.critic.warmup = WARMUP_CURRICULUM
     c.critic.target = 'two_hot'

@@ -230,6 +230,15 @@ def test_bank_takes_replay_rollouts_and_critic_batch_resolves_references():
   records = {(r.problem_id, r.reference): r.weight for r in batch.records}
   assert records == {('p0', None): 1.0, ('p1', 'p1@0.0'): 0.5, ('p1', None): 0.5}
   assert all(r.prefix_tokens_P.size == 0 for r in batch.records)
+  # Without the plain twin (controller.critic_plain_twin off), a pair with a reference is that
+  # record alone, at weight 1; the same pairs are drawn.
+  lone = Controller(s.replace(critic_plain_twin=False), seed=4, problem_ids=problem_ids(2))
+  run_step(lone, 0, value=lambda r, j: 1.0 if (r.problem_id == 'p1' and r.kind == RequestKind.REFILL)
+           else 0.5)
+  lone_batch = lone.critic_batch(0)
+  assert {(r.problem_id, r.reference): r.weight for r in lone_batch.records} == {
+      ('p0', None): 1.0, ('p1', 'p1@0.0'): 1.0}
+  assert lone_batch.num_pairs == batch.num_pairs
   # Step 1: a replay continuation of p0 passes: the bank gains it, and the old p0 pair gains it too.
   run_step(c, 1, value=lambda r, j: 1.0 if (r.problem_id == 'p0' and r.kind != RequestKind.REFILL
                                             and j == 2) else 0.5)
@@ -368,3 +377,9 @@ def test_chunk_end_pairs_train_on_judged_chunk_ends_with_their_own_rewards():
   assert all(r.reference is None and r.weight == 1.0
              for r in plain.chunk_end_batch(1, ends).records)
   assert plain.chunk_end_batch(1, ends).num_pairs == 3
+  lone = Controller(tiny_settings(n_refill=2, n_batch=2, chunk_end_pairs=5,
+                                  critic_plain_twin=False), seed=4, problem_ids=problem_ids(2))
+  lone.bank.load_items([(0, 'p0@ref'), (1, 'p1@ref')])
+  assert all(r.reference is not None and r.weight == 1.0
+             for r in lone.chunk_end_batch(1, ends).records)
+  assert len(lone.chunk_end_batch(1, ends).records) == 3

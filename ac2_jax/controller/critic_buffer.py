@@ -3,8 +3,9 @@
 A pair points at the trajectory its prefix was cut from (None for an empty cold-start prefix), so
 the prefix tokens are a view, not a copy. Each update samples up to N pairs without replacement
 (this step's new pairs included), skips pairs whose context does not fit, and expands a pair with a
-reference into two records (with and without the reference, weight 1/2 each), a pair without one
-into one record (weight 1). With `chunk_end_pairs` > 0 a step's judged chunk ends are drawn the same
+reference into two records (with and without the reference, weight 1/2 each; without its plain twin,
+`plain_twin=False`, the one with the reference at weight 1), a pair without one into one record
+(weight 1). With `chunk_end_pairs` > 0 a step's judged chunk ends are drawn the same
 way into records of their own (`chunk_end_records`), used by that step's update alone.
 """
 
@@ -73,11 +74,13 @@ def _fits(record: CriticRecord, limit: ContextLimit) -> bool:
 
 
 def records_of(prefix_tokens_P: np.ndarray, problem_id: Hashable, target: float, reference: Any,
-               source: int, value: float | None = None) -> list[CriticRecord]:
-  """A prefix-target example's records: with and without its reference at weight 1/2 each, or the
-  plain prompt alone at weight 1 (AC2 item 9)."""
-  if reference is None:
-    return [CriticRecord(prefix_tokens_P, problem_id, target, None, 1.0, source, value)]
+               source: int, value: float | None = None, plain_twin: bool = True
+               ) -> list[CriticRecord]:
+  """A prefix-target example's records: with and without its reference at weight 1/2 each (AC2
+  item 9), the one with it alone at weight 1 (`plain_twin` False), or the plain prompt alone at
+  weight 1."""
+  if reference is None or not plain_twin:
+    return [CriticRecord(prefix_tokens_P, problem_id, target, reference, 1.0, source, value)]
   return [CriticRecord(prefix_tokens_P, problem_id, target, reference, 0.5, source, value),
           CriticRecord(prefix_tokens_P, problem_id, target, None, 0.5, source, value)]
 
@@ -94,12 +97,12 @@ class ChunkEnd:
 def chunk_end_records(rng: np.random.Generator, chunk_ends: list[ChunkEnd], max_pairs: int,
                       reference_for: Callable[[int], Any],
                       problem_id_for: Callable[[int], Hashable],
-                      context_limit: ContextLimit = None) -> CriticBatch:
+                      context_limit: ContextLimit = None, plain_twin: bool = True) -> CriticBatch:
   """Up to `max_pairs` of the step's chunk ends, drawn without replacement, as critic records with
   the grid-rounded reward as the target (those whose context does not fit are skipped)."""
   return _draw(rng, chunk_ends, max_pairs, lambda end: records_of(
       end.prefix_tokens_P, problem_id_for(end.problem), group_target([end.reward], 1),
-      reference_for(end.problem), -1, end.reward), context_limit)
+      reference_for(end.problem), -1, end.reward, plain_twin), context_limit)
 
 
 def _draw(rng: np.random.Generator, items, max_pairs: int,
@@ -144,12 +147,12 @@ class CriticBuffer:
   def sample(self, rng: np.random.Generator, max_pairs: int,
              reference_for: Callable[[CriticPair], Any],
              problem_id_for: Callable[[int], Hashable],
-             context_limit: ContextLimit = None) -> CriticBatch:
+             context_limit: ContextLimit = None, plain_twin: bool = True) -> CriticBatch:
     """Walks a random permutation of the buffer until `max_pairs` pairs fit (or the buffer ends)."""
 
     def records_for(pair: CriticPair) -> list[CriticRecord]:
       source = -1 if pair.source is None else pair.source.trajectory_id
       return records_of(pair.prefix_tokens_P, problem_id_for(pair.problem), pair.target,
-                        reference_for(pair), source, pair.value)
+                        reference_for(pair), source, pair.value, plain_twin)
 
     return _draw(rng, self.pairs, max_pairs, records_for, context_limit)

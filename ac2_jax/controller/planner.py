@@ -355,7 +355,8 @@ class Controller:
     purpose = 'critic_batch' if draw == 0 else f'critic_batch_{int(draw)}'
     return self.critic_buffer.sample(self._generator(purpose, int(step)),
                                      self.settings.critic_pairs_per_update, self._pair_reference,
-                                     lambda p: self.problem_ids[p], context_limit)
+                                     lambda p: self.problem_ids[p], context_limit,
+                                     self.settings.critic_plain_twin)
 
   def chunk_end_batch(self, step: int, chunk_ends: Sequence[ChunkEnd],
                       context_limit: ContextLimit = None) -> CriticBatch:
@@ -365,7 +366,8 @@ class Controller:
     return chunk_end_records(self._generator('chunk_end', int(step)), list(chunk_ends),
                              self.settings.chunk_end_pairs,
                              lambda p: None if no_reference else self.bank.get(p),
-                             lambda p: self.problem_ids[p], context_limit)
+                             lambda p: self.problem_ids[p], context_limit,
+                             self.settings.critic_plain_twin)
 
   def _pair_reference(self, pair: CriticPair) -> Any:
     if self.settings.no_reference:

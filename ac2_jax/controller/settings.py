@@ -97,6 +97,12 @@ class ControllerSettings:
   # NLL the critic's value distribution then fits the reward's, whose mean is V). Used once, never
   # stored: the buffer's group-mean targets are unchanged.
   chunk_end_pairs: int = 0
+  # A departure where off, on in the paper: a pair with a reference trains two records, with it and
+  # without it (weight 1/2 each), since the paper's bank starts empty and the critic is read without
+  # one until a rollout passes. Off: the record with the reference alone (weight 1), for runs whose
+  # every read has one (bank_from_data seeds the bank with each problem's solution); the update then
+  # has half the rows, the longer half (issue 15 item 4).
+  critic_plain_twin: bool = True
   # A departure, 1 in the paper: critic updates a step, each on its own draw of
   # critic_pairs_per_update pairs from the buffer. Late in a CPU run the policy sharpens and one
   # update a step stops keeping the critic's reads on its value grid (BENCHMARKS.md, "Session 13").

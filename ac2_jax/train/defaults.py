@@ -176,6 +176,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Off: the paper (refills are never trained). On (variant trained_refills): refills of problems
   # whose chunks the critic scores train the actor on r - V(s0) (controller/settings.py).
   c.controller.train_refills = False
+  # On: the paper (a pair with a reference trains with and without it). Off: with it alone, half
+  # the critic update's rows; every read here has a reference (bank_from_data).
+  c.controller.critic_plain_twin = True
   # Seed the reference bank with the data set's solutions. The paper fills it from passing
   # rollouts only (>= 6 of 7 points); here those are whole right chains, 8% of the tiny policy's
   # rollouts, so readiness condition (c) held back two thirds of the pool (bank 83 of 256 problems

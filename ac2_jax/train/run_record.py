@@ -65,7 +65,8 @@ ADDED_KEYS = {'task.rl_problems': 0, 'controller.bank_from_data': False,
               'controller.cut_at_uncredited': False, 'controller.audit_gate': False,
               'controller.audit_gate_corr': 0.3, 'controller.audit_gate_rows': 32,
               'controller.critic_judged_only': False, 'controller.audit_scale': False,
-              'controller.audit_scale_max': 3.0, 'controller.train_refills': False}
+              'controller.audit_scale_max': 3.0, 'controller.train_refills': False,
+              'controller.critic_plain_twin': True}
 # Sections added with algorithms that a stored run without them cannot have used (ADDED_KEYS
 # first: a key added to a section later is held to its old value).
 ADDED_SECTIONS = ('ppo.', 'pact.', 'value_critic.', 'lisao.', 'li2sao.', 'rollout.')
