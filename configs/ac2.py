@@ -154,10 +154,15 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
   trained_refills     refills of problems whose chunks the critic scores now (ready, the gate open
                       under audit_gate) also train the actor, single, on r - V(s0)
                       (controller.train_refills, a departure: the paper never trains refills,
-                      a sixth of AC2's decoded tokens here)
+                      a sixth of AC2's decoded tokens here; with audit_gate, peaks 0.470 / 0.622 /
+                      0.409 on seeds 0-2 against the gate's 0.477 / 0.526 / 0.444: it helps where
+                      the critic ranks and hurts where it does not, BENCHMARKS.md "Session 30")
   no_plain_twin       a critic pair with a reference trains that record alone, not also a twin
                       without it (controller.critic_plain_twin off, a departure: every read here has
-                      a reference, and the twins are half the critic update's rows)
+                      a reference, and the twins are half the critic update's rows; the update
+                      takes 0.60x the time and AC2's step 1.29x Prefix GRPO's instead of 1.46x; with
+                      audit_gate, peaks 0.516 / 0.584 / 0.448 on seeds 0-2 against 0.477 / 0.526 /
+                      0.444, BENCHMARKS.md "Session 30")
 """
 
 from ac2_jax.train import defaults

@@ -101,7 +101,8 @@ class ControllerSettings:
   # without it (weight 1/2 each), since the paper's bank starts empty and the critic is read without
   # one until a rollout passes. Off: the record with the reference alone (weight 1), for runs whose
   # every read has one (bank_from_data seeds the bank with each problem's solution); the update then
-  # has half the rows, the longer half (issue 15 item 4).
+  # has half the rows, the longer half (issue 15 item 4): 0.60x its time, and on three seeds under
+  # audit_gate higher peaks on every seed (BENCHMARKS.md, session 30).
   critic_plain_twin: bool = True
   # A departure, 1 in the paper: critic updates a step, each on its own draw of
   # critic_pairs_per_update pairs from the buffer. Late in a CPU run the policy sharpens and one
@@ -145,7 +146,8 @@ class ControllerSettings:
   # the critic would score now (locally ready, and the audit gate open under audit_gate) is also
   # trained, single, on A = r - V(s0), the critic's read of its empty prefix. A sixth of AC2's
   # decoded tokens on the CPU bench setting are refills (BENCHMARKS.md, session 29); this spends
-  # them on the actor too, for one prompt-only critic read each.
+  # them on the actor too, for one prompt-only critic read each. Measured on three seeds under
+  # audit_gate (BENCHMARKS.md, session 30): it helps where the critic ranks chunks, not elsewhere.
   train_refills: bool = False
   # The bank starts with the data set's reference solutions, where the task has them (the paper
   # fills it from passing rollouts only; the algorithm seeds it, the controller never reads data).
