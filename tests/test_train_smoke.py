@@ -476,20 +476,26 @@ def test_audit_gate_through_the_trainer(train_base, tmp_path, recorded_plans):
                          else plan.num_ready_slots)
 
 
-def test_audit_scale_through_the_trainer(train_base, tmp_path, monkeypatch):
+@pytest.fixture
+def assigned(monkeypatch):
+  """Every step's StepData, recorded after AC2 assigned its advantages."""
+  steps = []
+  real_assign = ac2_lib.AC2.assign_advantages
+
+  def recording(self, data):
+    real_assign(self, data)
+    steps.append(data)
+
+  monkeypatch.setattr(ac2_lib.AC2, 'assign_advantages', recording)
+  return steps
+
+
+def test_audit_scale_through_the_trainer(train_base, tmp_path, assigned):
   """AC2 variant `audit_scale`: with every problem ready and the gate's window seeded with audit
   rows whose Monte Carlo advantages are twice the critic's, the step logs the controller's scale
   (above 1), and on that step's rows, their critic reads set to distinct values (the tiny critic's
   are mostly invalid), a ready group trains on the scale times v_i - mean_j v_j, an audited
   group on its plain r_i - mean_j r_j."""
-  assigned = []
-  real_assign = ac2_lib.AC2.assign_advantages
-
-  def recording(self, data):
-    real_assign(self, data)
-    assigned.append(data)
-
-  monkeypatch.setattr(ac2_lib.AC2, 'assign_advantages', recording)
   critic_A = np.linspace(-0.2, 0.2, 64)
   c, _, algorithm, _, record = _every_problem_ready_at_step_2(
       train_base, tmp_path, 'audit_scale',
@@ -513,26 +519,18 @@ def test_audit_scale_through_the_trainer(train_base, tmp_path, monkeypatch):
     for k, m in enumerate(members):
       if m.to_critic:
         m.critic_value = 0.1 * (k + 1)
-  real_assign(algorithm, data)
+  algorithm.assign_advantages(data)
   for members, factor in [(m, scale) for m in ready] + [(m, 1.0) for m in audited]:
     v = np.array([m.actor_value for m in members])
     np.testing.assert_allclose([m.rollout.advantage for m in members], factor * (v - v.mean()),
                                atol=1e-5)
 
 
-def test_trained_refills_through_the_trainer(train_base, tmp_path, monkeypatch):
+def test_trained_refills_through_the_trainer(train_base, tmp_path, assigned):
   """AC2 variant `trained_refills`: at step 1 (nothing ready) no refill is trained; at step 2,
   every problem ready, the critic reads every refill's empty prefix and the step logs how many
   refills trained; on that step's rows, the reads set by hand (the tiny critic's are mostly
   invalid), a refill trains on r - V(s0) with weight 1, one whose read is invalid with weight 0."""
-  assigned = []
-  real_assign = ac2_lib.AC2.assign_advantages
-
-  def recording(self, data):
-    real_assign(self, data)
-    assigned.append(data)
-
-  monkeypatch.setattr(ac2_lib.AC2, 'assign_advantages', recording)
   c, _, algorithm, _, record = _every_problem_ready_at_step_2(train_base, tmp_path,
                                                              'trained_refills')
   assert c.controller.train_refills
@@ -543,7 +541,7 @@ def test_trained_refills_through_the_trainer(train_base, tmp_path, monkeypatch):
   assert record['refills_trained'] == sum(data.prefix_values[i] is not None for i in refills)
   baselines = {i: None if k == 0 else 0.1 * k for k, i in enumerate(refills)}
   data.prefix_values.update(baselines)
-  real_assign(algorithm, data)
+  algorithm.assign_advantages(data)
   for row in data.rows_of(RequestKind.REFILL):
     baseline = baselines[row.request_index]
     assert row.rollout.weight == (0.0 if baseline is None else 1.0)
