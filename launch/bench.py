@@ -13,6 +13,7 @@
   python launch/bench.py critic --workdir=DIR   # can the critic judge the policy's prefixes?
   python launch/bench.py critic_exact --workdir=DIR   # can it learn exact prefix values at all?
   python launch/bench.py critic_update --workdir=DIR  # a critic update split by length vs not
+  python launch/bench.py critic_reads --workdir=DIR   # a step's critic reads sorted by length vs not
   python launch/bench.py critic_drift --checkpoint=RUN  # what moved a run's critic: its update,
                                       # or the actor's updates of the weights it reads
   python launch/bench.py chain_errors --checkpoint=RUN  # where a chain policy's lines go wrong
@@ -45,6 +46,8 @@ def _run(name: str, argv: list[str]) -> None:
     from ac2_jax.bench import critic_exact as bench
   elif name == 'critic_update':
     from ac2_jax.bench import critic_update as bench
+  elif name == 'critic_reads':
+    from ac2_jax.bench import critic_reads as bench
   elif name == 'critic_drift':
     from ac2_jax.bench import critic_drift as bench
   elif name == 'chain_errors':
@@ -52,7 +55,7 @@ def _run(name: str, argv: list[str]) -> None:
   else:
     raise SystemExit(f'unknown benchmark {name!r}; choose sampler, decode_profile, '
                      'decode_segments, train, steps, kernels, controller, judge, critic, '
-                     'critic_exact, critic_update, critic_drift or chain_errors')
+                     'critic_exact, critic_update, critic_reads, critic_drift or chain_errors')
   bench.main(argv)
 
 

@@ -139,6 +139,26 @@ def test_critic_update_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp
     critic_update.UpdateBenchSettings(length_groups=1)
 
 
+def test_critic_reads_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, capsys):
+  """The read-layout benchmark reads the same prompts both ways: the same probabilities, and the
+  sorted layout's calls, each padded to its own longest, pad fewer tokens."""
+  from ac2_jax.bench import critic_reads
+  c = tiny_config(train_base, 'ac2')
+  rt, _, state = experiment.build(c, str(tmp_path), log=lambda *_: None)
+  settings = critic_reads.ReadsBenchSettings(reads=40, rows=8, repeats=1)
+  out = critic_reads.run(rt, state.params, settings)
+  assert len(out['seconds']) == 2 and out['ratio'] > 0
+  assert out['max_abs_difference'] < 1e-5
+  lines = capsys.readouterr().out.splitlines()
+  padded = [int(line.split()[-5]) for line in lines if 'padded tokens' in line]
+  assert len(padded) == 2 and padded[1] < padded[0]
+  shapes = critic_reads.call_shapes([np.zeros(n, np.int32) for n in (20, 3, 40, 18, 35)],
+                                    max_batch=2, length_sorted=True)
+  assert shapes == [(8, 48), (8, 32), (8, 16)]  # 40+35, 20+18, 3: train_bucket of the longest
+  with pytest.raises(ValueError, match='reads'):
+    critic_reads.ReadsBenchSettings(reads=1)
+
+
 @pytest.mark.parametrize('layout', ['verdicts', 'lines', 'recompute', 'inline'])
 def test_a_verdict_critic_on_a_tiny_checkpoint(train_base, compile_cache, tmp_path, layout):
   c = tiny_config(train_base, 'ac2')

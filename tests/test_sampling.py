@@ -166,6 +166,20 @@ def test_pack_pads_to_buckets_and_caps_at_total_length():
                        batch_multiple=8).contexts_BxP.shape[0] == 16
 
 
+def test_fine_pack_pads_rows_to_eights_and_length_to_train_bucket():
+  # 17 rows: the half-octave ladder pads them to 24, the fine one to 24 as well; 33 rows: 48
+  # against 40. A longest context of 161 tokens: 192 against train_bucket's 176.
+  coarse = requests.pack(make_contexts([161] + [3] * 32), 1, None, vocab_size=512,
+                         max_total_len=400)
+  fine = requests.pack(make_contexts([161] + [3] * 32), 1, None, vocab_size=512,
+                       max_total_len=400, fine=True)
+  assert coarse.contexts_BxP.shape == (48, 192)
+  assert fine.contexts_BxP.shape == (40, 176)
+  assert list(fine.context_lengths_B) == [161] + [3] * 32 + [1] * 7
+  assert requests.pack(make_contexts([3] * 9), 1, None, vocab_size=512, max_total_len=50,
+                       batch_multiple=4, fine=True).contexts_BxP.shape[0] == 16
+
+
 @pytest.mark.parametrize('contexts, caps, budgets, message', [
     ([], 1, None, 'no contexts'),
     ([np.zeros((2, 2), np.int32)], 1, None, '1-D'),

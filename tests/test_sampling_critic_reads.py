@@ -71,6 +71,14 @@ def test_token_distribution_matches_forward(params):
   norm = sampling.token_distribution(CONFIG, params, CONTEXTS, ids, renormalize=True)
   np.testing.assert_allclose(norm.sum(-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(norm, raw / raw.sum(-1, keepdims=True), rtol=1e-5)
+  # Longest first, two rows a call, each call padded to its own longest: the rows come back in
+  # the callers' order, the same as in the layout before (the given order, coarse buckets).
+  mixed = contexts([3, 40, 7, 33, 1, 20], seed=3)
+  np.testing.assert_allclose(
+      sampling.token_distribution(CONFIG, params, mixed, ids, max_batch=2),
+      sampling.token_distribution(CONFIG, params, mixed, ids, max_batch=128,
+                                  length_sorted=False), rtol=1e-5, atol=1e-7)
+  assert sampling.token_distribution(CONFIG, params, [], ids).shape == (0, 4)
   with pytest.raises(ValueError, match='outside'):
     sampling.token_distribution(CONFIG, params, CONTEXTS, [512])
   with pytest.raises(ValueError, match='empty'):

@@ -7,8 +7,8 @@
   sampling_log_probs(...)                     the sampling distribution, for teacher-forced checks
 """
 
-from ac2_jax.sampling.critic_reads import (MAX_VALUE_TOKENS, greedy_decode, token_distribution,
-                                          token_distributions_at)
+from ac2_jax.sampling.critic_reads import (MAX_VALUE_TOKENS, READ_ROWS, greedy_decode,
+                                          token_distribution, token_distributions_at)
 from ac2_jax.sampling.decode import trace_count
 from ac2_jax.sampling.distribution import entropy, sampling_log_probs
 from ac2_jax.sampling.sampler import generate
@@ -16,7 +16,7 @@ from ac2_jax.sampling.requests import (STOP_BUDGET, STOP_CHUNK_CAP, STOP_EOS, Sa
                                        bucket, train_bucket)
 from ac2_jax.sampling.settings import SamplingSettings
 
-__all__ = ['MAX_VALUE_TOKENS', 'STOP_BUDGET', 'STOP_CHUNK_CAP', 'STOP_EOS', 'SampleOutput',
+__all__ = ['MAX_VALUE_TOKENS', 'READ_ROWS', 'STOP_BUDGET', 'STOP_CHUNK_CAP', 'STOP_EOS', 'SampleOutput',
            'SamplingSettings', 'bucket', 'entropy', 'generate', 'greedy_decode',
            'sampling_log_probs', 'token_distribution', 'token_distributions_at',
            'trace_count', 'train_bucket']

@@ -80,7 +80,7 @@ def as_row_ints(values, n: int, name: str) -> np.ndarray:
 
 def pack(contexts: Sequence[np.ndarray], max_new_tokens, budget_new_tokens, *, vocab_size: int,
          max_total_len: int, batch_multiple: int = 1, row_ids=None,
-         pad_id: int = 0) -> PackedRequests:
+         pad_id: int = 0, fine: bool = False) -> PackedRequests:
   """Validates ragged requests and pads them into bucketed arrays.
 
   Args:
@@ -91,6 +91,9 @@ def pack(contexts: Sequence[np.ndarray], max_new_tokens, budget_new_tokens, *, v
     max_total_len: context plus new tokens never exceed this (the model's context limit).
     batch_multiple: the padded batch is a multiple of this (the number of batch shards).
     row_ids: per-request key index (default: the position in `contexts`).
+    fine: rows padded to a multiple of MIN_BATCH_BUCKET and contexts to `train_bucket`, not to
+      `bucket`'s half-octave ladder: for one forward without a cache (a critic read), whose
+      cost follows the padded rows x length and whose shapes come from calls of fixed rows.
   """
   n = len(contexts)
   if n == 0:
@@ -127,9 +130,9 @@ def pack(contexts: Sequence[np.ndarray], max_new_tokens, budget_new_tokens, *, v
 
   lengths_N = np.array([a.size for a in arrays], np.int64)
   effective_N = np.minimum(caps_N, max_total_len - lengths_N)
-  B = bucket(n, MIN_BATCH_BUCKET)
+  B = -(-n // MIN_BATCH_BUCKET) * MIN_BATCH_BUCKET if fine else bucket(n, MIN_BATCH_BUCKET)
   B = -(-B // batch_multiple) * batch_multiple
-  P = bucket(int(lengths_N.max()))
+  P = (train_bucket if fine else bucket)(int(lengths_N.max()))
   C = bucket(int(effective_N.max()))
   contexts_BxP = np.full((B, P), pad_id, np.int32)
   for i, array in enumerate(arrays):
