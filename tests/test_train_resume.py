@@ -91,3 +91,24 @@ def test_stop_and_resume_equals_uninterrupted(train_base, tmp_path, monkeypatch)
   moved = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))),
                        state_a.params, sft_params)
   assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_bench_steps_from_a_run_continue_it(train_base, tmp_path, monkeypatch):
+  """`bench.py steps --from_runs`: a run restored from its checkpoint (its own config, its
+  controller's state) takes the steps the run would have taken next."""
+  from ac2_jax.bench import steps
+  from ac2_jax.train import checkpoint_eval
+  monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
+  c = tiny_config(train_base, 'ac2', num_steps=STEPS)
+  straight, stopped = str(tmp_path / 'straight'), str(tmp_path / 'stopped')
+  loop.train(c, straight, log=lambda *_: None)
+  assert loop.train(c, stopped, stop_after=2, log=lambda *_: None).last_step == 2
+  source, config = checkpoint_eval.load_run(stopped)
+  label = steps.run_label(stopped)
+  records = steps.run_steps([label], [config], str(tmp_path / 'bench'), 2, log=lambda *_: None,
+                            sources=[source])[label]
+  expected = read_records(straight)
+  for k, step in enumerate((3, 4)):
+    for key in ('tokens_generated', 'decoding_flops', 'ready_fraction', 'reward/judged_mean'):
+      assert records[k][key] == pytest.approx(expected[step][key], rel=1e-5), (step, key)
+  assert steps.run_label(os.path.join(stopped, 'checkpoints', '2')) == 'stopped@2'
