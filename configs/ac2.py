@@ -162,7 +162,9 @@ Variants (config arguments, combinable with commas, e.g. `qwen3_4b,no_audit`):
                       a reference, and the twins are half the critic update's rows; the update
                       takes 0.60x the time and AC2's step 1.29x Prefix GRPO's instead of 1.46x; with
                       audit_gate, peaks 0.516 / 0.584 / 0.448 on seeds 0-2 against 0.477 / 0.526 /
-                      0.444, BENCHMARKS.md "Session 30")
+                      0.444, BENCHMARKS.md "Session 30"; run on to 87 steps with GRPO, peaks 0.675 /
+                      0.662 / 0.505 against GRPO's 0.626 / 0.771 / 0.464, GRPO's peak reached on
+                      seeds 0 and 2 at 1.62x / 1.38x fewer decoding FLOPs, BENCHMARKS.md "Session 31")
 """
 
 from ac2_jax.train import defaults

@@ -111,6 +111,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.controller = ml_collections.ConfigDict()  # ac2_jax.controller.ControllerSettings fields
   c.controller.group_size = 8
+  # Table 4's. On the bench setting (gate, no_plain_twin) 0.1 cut audit tokens by 11% and kept
+  # the mean score of steps 30-60 on every seed, not the peaks (BENCHMARKS.md, session 31).
   c.controller.audit_fraction = 0.25
   c.controller.n_batch = 16
   c.controller.n_refill = 16
@@ -139,6 +141,8 @@ def base_config() -> ml_collections.ConfigDict:
   # itself, not at a grid point below it (controller/settings.py; BENCHMARKS.md, session 27).
   c.controller.cut_at_uncredited = False
   c.controller.critic_buffer_capacity = 160
+  # 16 halves the critic update (issue 15 item 4) but costs score: seed 1 of the bench setting
+  # peaked at 0.490 against 0.584 (BENCHMARKS.md, session 31).
   c.controller.critic_pairs_per_update = 32
   # Off: the paper. n > 0: up to n judged continuations per step that ran past the chunk also
   # train the critic at their chunk-end state on their own reward (controller/settings.py).
