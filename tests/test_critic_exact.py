@@ -152,7 +152,7 @@ def test_critic_reads_bench_on_a_tiny_checkpoint(train_base, compile_cache, tmp_
   lines = capsys.readouterr().out.splitlines()
   padded = [int(line.split()[-5]) for line in lines if 'padded tokens' in line]
   assert len(padded) == 2 and padded[1] < padded[0]
-  shapes = critic_reads.call_shapes([np.zeros(n, np.int32) for n in (20, 3, 40, 18, 35)],
+  shapes = critic_reads.call_shapes(rt, [np.zeros(n, np.int32) for n in (20, 3, 40, 18, 35)],
                                     max_batch=2, length_sorted=True)
   assert shapes == [(8, 48), (8, 32), (8, 16)]  # 40+35, 20+18, 3: train_bucket of the longest
   with pytest.raises(ValueError, match='reads'):

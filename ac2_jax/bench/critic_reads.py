@@ -26,7 +26,7 @@ import numpy as np
 from ac2_jax import critic, sampling
 from ac2_jax.bench import critic as probe
 from ac2_jax.bench import critic_update
-from ac2_jax.sampling import requests
+from ac2_jax.sampling import critic_reads, requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +48,14 @@ def layouts(settings: ReadsBenchSettings) -> dict[str, dict]:
           f'sorted, {settings.rows} rows': {'max_batch': settings.rows, 'length_sorted': True}}
 
 
-def call_shapes(contexts: Sequence[np.ndarray], max_batch: int, length_sorted: bool
+def call_shapes(rt, contexts: Sequence[np.ndarray], max_batch: int, length_sorted: bool
                 ) -> list[tuple[int, int]]:
   """(rows, length) of each device call `token_distribution` makes in this layout."""
-  lengths = np.array([len(c) for c in contexts])
-  order = np.argsort(-lengths, kind='stable') if length_sorted else np.arange(len(lengths))
-  shapes = []
-  for i in range(0, len(order), max_batch):
-    part = lengths[order[i:i + max_batch]]
-    rows = (-(-len(part) // requests.MIN_BATCH_BUCKET) * requests.MIN_BATCH_BUCKET
-            if length_sorted else requests.bucket(len(part), requests.MIN_BATCH_BUCKET))
-    shapes.append((rows, (requests.train_bucket if length_sorted else requests.bucket)(
-        int(part.max()))))
-  return shapes
+  return [requests.pack([contexts[i] for i in rows], 1, None,
+                        vocab_size=rt.model_config.vocab_size,
+                        max_total_len=rt.model_config.max_position_embeddings + 1,
+                        fine=length_sorted).contexts_BxP.shape
+          for rows in critic_reads.read_calls(contexts, max_batch, length_sorted)]
 
 
 def run(rt, params, settings: ReadsBenchSettings) -> dict:
@@ -76,7 +71,7 @@ def run(rt, params, settings: ReadsBenchSettings) -> dict:
   seconds = {name: [] for name in kinds}
   probs = {}
   for name, kw in kinds.items():
-    shapes = call_shapes(contexts, **kw)
+    shapes = call_shapes(rt, contexts, **kw)
     padded = sum(b * t for b, t in shapes)
     print(f'  {name:22s} {" + ".join(f"{b}x{t}" for b, t in shapes):34s} {padded:7d} padded '
           f'tokens ({sum(lengths) / padded:.2f} used)')

@@ -229,7 +229,8 @@ def from_runs(args: argparse.Namespace) -> None:
     raise SystemExit(f'--from_runs names one run twice: {", ".join(labels)}')
   os.makedirs(args.root, exist_ok=True)
   print(f'steps: {", ".join(labels)} from their checkpoints, {args.steps} steps each, taken in '
-        f'turn; {os.cpu_count()} CPUs, load average ' + ' '.join(f'{x:.1f}' for x in os.getloadavg()))
+        f'turn; {os.cpu_count()} CPUs, load average '
+        + ' '.join(f'{x:.1f}' for x in os.getloadavg()))
   records = run_steps(labels, [c for _, c in loaded], args.root, args.steps,
                       sources=[s for s, _ in loaded])
   baseline = args.baseline or next((l for l in labels if l.startswith('prefix_grpo')), labels[0])

@@ -16,7 +16,7 @@ from ac2_jax.sampling.requests import (STOP_BUDGET, STOP_CHUNK_CAP, STOP_EOS, Sa
                                        bucket, train_bucket)
 from ac2_jax.sampling.settings import SamplingSettings
 
-__all__ = ['MAX_VALUE_TOKENS', 'READ_ROWS', 'STOP_BUDGET', 'STOP_CHUNK_CAP', 'STOP_EOS', 'SampleOutput',
-           'SamplingSettings', 'bucket', 'entropy', 'generate', 'greedy_decode',
+__all__ = ['MAX_VALUE_TOKENS', 'READ_ROWS', 'STOP_BUDGET', 'STOP_CHUNK_CAP', 'STOP_EOS',
+           'SampleOutput', 'SamplingSettings', 'bucket', 'entropy', 'generate', 'greedy_decode',
            'sampling_log_probs', 'token_distribution', 'token_distributions_at',
            'trace_count', 'train_bucket']

@@ -111,6 +111,16 @@ def read_rows() -> int:
   return READ_ROWS if jax.default_backend() == 'cpu' else ACCELERATOR_READ_ROWS
 
 
+def read_calls(contexts: Sequence[np.ndarray], max_batch: int, length_sorted: bool
+               ) -> list[np.ndarray]:
+  """The context indices of each device call of `token_distribution`: up to `max_batch` a call,
+  longest first (`length_sorted`) or in the given order."""
+  lengths_N = np.array([len(c) for c in contexts])
+  order_N = (np.argsort(-lengths_N, kind='stable') if length_sorted
+             else np.arange(len(contexts)))
+  return [order_N[i:i + max_batch] for i in range(0, len(contexts), max_batch)]
+
+
 def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarray],
                        token_ids: Sequence[int], *, renormalize: bool = False,
                        mesh: Mesh | None = None, valid_vocab_size: int = 0,
@@ -122,9 +132,10 @@ def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarra
   model puts on these tokens, at most 1); with `renormalize=True` each row is divided by that
   mass and sums to 1. Contexts go through the model `max_batch` (default `read_rows()`) at a
   time: one forward of all of them holds every row's attention scores at once (1,650 walk
-  critic prompts of about 380 tokens took 13 GB). With `length_sorted` (the default) the calls take the contexts longest
-  first, each padded to its own longest (`requests.pack(fine=True)`); without, in the given
-  order on the sampler's coarser ladder (the layout before; for the benchmark).
+  critic prompts of about 380 tokens took 13 GB). With `length_sorted` (the default) the calls
+  take the contexts longest first, each padded to its own longest (`requests.pack(fine=True)`);
+  without, in the given order on the sampler's coarser ladder (the layout before; for the
+  benchmark).
 
   Returns:
     float32 [N, len(token_ids)].
@@ -141,10 +152,7 @@ def token_distribution(config: ModelConfig, params, contexts: Sequence[np.ndarra
     raise ValueError(f'token_distribution: max_batch must be >= 1, got {max_batch}')
   if len(contexts) == 0:
     return np.zeros((0, len(token_ids)), np.float32)
-  lengths_N = np.array([len(c) for c in contexts])
-  order_N = (np.argsort(-lengths_N, kind='stable') if length_sorted
-             else np.arange(len(contexts)))
-  calls = [order_N[i:i + max_batch] for i in range(0, len(contexts), max_batch)]
+  calls = read_calls(contexts, max_batch, length_sorted)
   # Every call is dispatched before the one read of all their outputs.
   outputs = [_distribution_call(config, params, [contexts[i] for i in rows], token_ids,
                                 mesh=mesh, valid_vocab_size=valid_vocab_size, fine=length_sorted)
