@@ -16,10 +16,9 @@ import ast
 import os
 import sys
 
-import jax
 from absl import app, flags, logging
 
-from ac2_jax.train import cli, compare, console
+from ac2_jax.train import cli, compare, compile_cache, console
 
 _METHODS = flags.DEFINE_list('methods', ['ac2', 'grpo', 'prefix_grpo'],
                              'configs/<name>.py (ac2, grpo, prefix_grpo, ppo, pact, lisao, '
@@ -63,7 +62,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   console.quiet_progress_bars()
   root = os.path.abspath(_ROOT.value)
-  jax.config.update('jax_compilation_cache_dir', os.path.join(root, 'jax_cache'))
+  # Every run of the comparison (and its warm starts) loads what an earlier one compiled.
+  compile_cache.enable(os.path.join(root, 'jax_cache'))
   overrides = tuple((k, _literal(v)) for k, _, v in (s.partition('=') for s in _SET.value))
   report = compare.compare(compare.CompareSettings(
       methods=tuple(_METHODS.value), seeds=tuple(int(s) for s in _SEEDS.value), root=root,

@@ -98,6 +98,10 @@ def test_resume_guard_lists_the_differing_keys(tmp_path):
   old = _config('ac2').to_dict()
   new = _config('grpo', num_steps=9, eval__every=3).to_dict()
   assert run_record.differences(old, new) == ["algorithm ('ac2' -> 'grpo')"]
+  cached = _config('ac2', compilation_cache_dir='/tmp/cache').to_dict()
+  assert run_record.differences(old, cached) == []  # where programs are kept, not what they do
+  del cached['compilation_cache_dir']  # a run stored before the key existed
+  assert run_record.differences(cached, old) == []
   # A run stored before a key existed resumes when the key keeps the old behaviour, not otherwise.
   stored = _config('ac2').to_dict()
   del stored['task']['rl_problems'], stored['controller']['bank_from_data'], stored['ppo']

@@ -297,16 +297,28 @@ def test_launcher_runs_a_config_with_overrides(train_base, compile_cache, tmp_pa
   assert sorted(read_records(str(tmp_path))) == [0, 1]
 
 
-def test_critic_adapter_through_the_trainer_and_a_resume(train_base, tmp_path, monkeypatch):
+def test_critic_adapter_through_the_trainer_and_a_resume(train_base, compile_cache, tmp_path,
+                                                         monkeypatch):
   """The `adapter` variant (`critic.adapter_rank`): the critic update trains the adapter, the
-  checkpoint holds it, and a stopped run resumes into it."""
+  checkpoint holds it, and a stopped run resumes into it. The resume also names a compilation
+  cache (the suite's own directory): a key a resume may change, and one the trainer hands to jax
+  with every program kept (tests/conftest.py keeps those over 0.5 s)."""
   monkeypatch.setattr(experiment, 'build_task', length_credit_build_task(experiment.build_task))
   c = tiny_config(train_base, 'ac2', 'adapter', num_steps=2)
   rank = c.critic.adapter_rank
   assert rank > 0
   assert loop.train(c, str(tmp_path), stop_after=1, log=lambda *_: None).last_step == 1
   lines = []
-  assert loop.train(c, str(tmp_path), log=lines.append).last_step == 2
+  kept = {k: getattr(jax.config, k) for k in ('jax_persistent_cache_min_compile_time_secs',
+                                                'jax_persistent_cache_min_entry_size_bytes')}
+  c.compilation_cache_dir = compile_cache
+  try:
+    assert loop.train(c, str(tmp_path), log=lines.append).last_step == 2
+    assert jax.config.jax_compilation_cache_dir == os.path.abspath(compile_cache)
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+  finally:  # the rest of the module keeps the suite's thresholds
+    for k, v in kept.items():
+      jax.config.update(k, v)
   assert any(m.startswith('resumed from step 1') for m in lines)
   records = read_records(str(tmp_path))
   assert sorted(records) == [0, 1, 2]

@@ -23,6 +23,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoints_kept = 2
   c.dry_run = False                # build and check shapes/shardings/memory with eval_shape only
   c.log_every = 1
+  # A directory for the persistent XLA compilation cache (train/compile_cache.py): later processes
+  # load what earlier ones compiled. '' = jax's own setting (JAX_COMPILATION_CACHE_DIR).
+  c.compilation_cache_dir = ''
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = 'tiny'          # ac2_jax.models.get_config name, when no checkpoint is given

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 
 from ac2_jax.train import checkpointing, console, distributed, experiment, metrics as metrics_lib
-from ac2_jax.train import plots, run_record
+from ac2_jax.train import compile_cache, plots, run_record
 from ac2_jax.train.evaluation import evaluate
 
 # What a user got wrong: the launchers print these in one line and exit with status 1.
@@ -88,6 +88,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   """
   settings = experiment.validate(c)
   run = settings.run
+  if run.compilation_cache_dir:  # before the first compile of the process, or it is not used
+    compile_cache.enable(run.compilation_cache_dir)
   is_main = jax.process_index() == 0
   quiet = log if is_main else (lambda *_: None)
   run_record.check_resume(workdir, run.config_json, allow_change=allow_config_change, log=quiet)

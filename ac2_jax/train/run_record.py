@@ -25,6 +25,7 @@ RESUMABLE_KEYS = frozenset({
     'log_every',
     'eval.every',
     'dry_run',
+    'compilation_cache_dir',  # where compiled programs are kept, not what they compute
     'judge.max_concurrency',
     'judge.timeout_s',
     'judge.api_key_env',

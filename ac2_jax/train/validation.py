@@ -72,6 +72,7 @@ class RunSettings:
   eval_problems: int
   eval_responses: int
   eval_max_new_tokens: int
+  compilation_cache_dir: str         # '' = jax's own setting
   config_json: str                   # written to WORKDIR/config.json
 
 
@@ -92,6 +93,7 @@ def run_settings(c: ml_collections.ConfigDict) -> RunSettings:
                      eval_every=c.eval.every, eval_problems=c.eval.num_problems,
                      eval_responses=c.eval.num_responses,
                      eval_max_new_tokens=c.controller.response_budget,
+                     compilation_cache_dir=c.compilation_cache_dir or '',
                      config_json=c.to_json_best_effort(indent=2))
 
 
