@@ -92,8 +92,8 @@ def test_steps_methods_must_share_the_warm_start():
 def test_compile_clock_counts_a_compilation_and_not_a_cached_call():
   import jax
   import jax.numpy as jnp
-  from ac2_jax.bench import steps
-  with steps.CompileClock() as clock:
+  from ac2_jax.algorithms import timing
+  with timing.CompileClock() as clock:
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.5)  # a new function: traced and compiled here
     f(jnp.ones(5)).block_until_ready()
     assert clock.lap() > 0

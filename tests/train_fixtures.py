@@ -158,6 +158,7 @@ def check_one_step(workdir: str, summary, record: dict) -> None:
   assert record['tokens_generated'] > 0 and record['rows_trained'] > 0
   assert is_finite_number(record['entropy']) and record['entropy'] > 0
   assert record['step_time'] > 0
+  assert 0 <= record['time/compile'] < record['step_time']  # inside the step's phases
   assert record['val/mean_score'] == summary.final_score  # evaluated at the last step
   assert record['judge_failures'] == 0
   # LengthCreditTask: varied rewards, so real advantages and real actor updates.

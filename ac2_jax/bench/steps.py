@@ -42,36 +42,10 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
+from ac2_jax.algorithms.timing import CompileClock
 from ac2_jax.train import checkpoint_eval, cli, compare, critic_warmup, experiment
 
 SUMMED = ('tokens_generated', 'decoding_flops')
-# Tracing, lowering and XLA compilation: consecutive, so their seconds add up.
-COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
-                  '/jax/core/compile/jaxpr_to_mlir_module_duration',
-                  '/jax/core/compile/backend_compile_duration')
-
-
-class CompileClock:
-  """Seconds JAX spent tracing, lowering and compiling since the last `lap`, while in its `with`
-  block (the listener is global to the process, so it leaves with the block)."""
-
-  def __init__(self):
-    self.seconds = 0.0
-
-  def __enter__(self) -> 'CompileClock':
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
-    return self
-
-  def __exit__(self, *_) -> None:
-    jax.monitoring.unregister_event_duration_listener(self._listen)
-
-  def _listen(self, event: str, duration: float, **_) -> None:
-    if event in COMPILE_EVENTS:
-      self.seconds += duration
-
-  def lap(self) -> float:
-    seconds, self.seconds = self.seconds, 0.0
-    return seconds
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'configs')

@@ -178,7 +178,8 @@ def table(report: dict) -> str:
                  f'{m["gain90_reached"] or "-":>7s} '
                  f'{_fmt(m["gain90_flops_ratio_mean_of_ratios"], ".2f"):>6s} '
                  f'{_fmt(m["gain90_flops_ratio_of_means"], ".2f"):>10s}')
-  lines.append('time per step by phase (s, mean over steps and seeds):')
+  lines.append('time per step by phase (s, mean over steps and seeds; compile: tracing and '
+               'compiling new programs, inside the other phases):')
   for spec, m in report['methods'].items():
     parts = ' '.join(f'{k.removeprefix("time/")}={v:.2f}' for k, v in m['time_per_step'].items())
     lines.append(f'  {spec:26s} {parts}')

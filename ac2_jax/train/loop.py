@@ -21,6 +21,7 @@ import time
 import jax
 import ml_collections
 
+from ac2_jax.algorithms import timing
 from ac2_jax.train import checkpointing, console, distributed, experiment, metrics as metrics_lib
 from ac2_jax.train import compile_cache, plots, run_record
 from ac2_jax.train.evaluation import evaluate
@@ -128,13 +129,16 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   last, stopped = start, False
   eta = console.Eta(start + 1, run.num_steps)
   try:
-    with _StopFlag() as flag:
+    with _StopFlag() as flag, timing.CompileClock() as compiles:
       for step in range(start + 1, run.num_steps + 1):
+        compiles.lap()  # the evaluation's programs are not the step's
         t0 = time.time()
         state, record = algorithm.step(rt, state, step, experiment.step_key(run.seed, step))
         host['flops_cum'] += record['decoding_flops']
         record['decoding_flops_cum'] = host['flops_cum']
         record['step_time'] = time.time() - t0
+        # Inside the phases' times: the step without them is step_time - time/compile.
+        record['time/compile'] = compiles.lap()
         if step % run.eval_every == 0 or step == run.num_steps:
           scores = _eval(run, rt, state, step)
           host['last_score'] = scores['val/mean_score']
