@@ -38,7 +38,6 @@ import os
 import shutil
 import time
 
-import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
