@@ -9,7 +9,7 @@ JAX dispatches device work asynchronously: a phase that ends in a device call is
 `ready(...)`, which waits for its outputs, so its time is its own and not the next phase's.
 
 `CompileClock` counts the seconds JAX spends tracing, lowering and compiling, inside whichever
-phases need a new program: the trainer logs them per step (`compile_time`), so that a step's time
+phases need a new program: the trainer logs them per step (`time/compile`), so that a step's time
 can be read with and without them.
 """
 

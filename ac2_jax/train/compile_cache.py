@@ -8,7 +8,8 @@ restored run's first steps). With every program kept, the same restore ran its s
 the time with a warm cache.
 
 A process initialises its cache at its first compile and keeps it: `enable` takes effect only
-before then (the launchers call it first). The environment's JAX_COMPILATION_CACHE_DIR works too.
+before then (launch/compare.py calls it at its start, the trainer before it builds anything). The
+environment's JAX_COMPILATION_CACHE_DIR works too.
 """
 
 from __future__ import annotations
