@@ -36,6 +36,8 @@ def test_settings_refuse_bad_values():
     critic_exact.ExactSettings(labels='mode')
   with pytest.raises(ValueError, match='mistake_rate'):
     critic_exact.ExactSettings(mistake_rate=1.0)
+  with pytest.raises(ValueError, match='blind_fraction'):
+    critic_exact.ExactSettings(blind_fraction=-0.5)
 
 
 def test_config_from_args_types_overrides_and_refuses_unknown_keys():
@@ -60,6 +62,11 @@ def test_exact_labels_and_a_run_on_a_tiny_checkpoint(train_base, compile_cache, 
     written, credited = p.lines
     assert written == credited
     assert any(tuple(p.context[:len(ids)]) == ids for ids in valid_ids)
+  # Blind facts, as a blind-fact setting's warm-up has them: some lines wrong without mistakes.
+  blind = dataclasses.replace(clean, blind_fraction=0.5)
+  assert blind.warmup().blind_fraction == 0.5 and clean.warmup().blind_fraction == 0.0
+  stream = critic_exact.prefixes(rt, blind, 'validation', seed=0)
+  assert min(next(stream).value for _ in range(32)) < 1.0
   # Cuts right after the first line: one line written.
   one_line = dataclasses.replace(clean, cut_lines=1)
   assert next(critic_exact.prefixes(rt, one_line, 'train', seed=0)).lines == (1, 1)

@@ -57,6 +57,10 @@ class ExactSettings:
   eval_every: int = 1_280
   learning_rate: float = 1e-3
   mistake_rate: float = 0.3     # per-step mistake rate of the corpus the prefixes come from
+  # The corpus's blind facts, as the warm-up's (critic_warmup.WarmupSettings): without them a
+  # blind-fact setting's corpus at mistake_rate 0 has one value for every prefix. -1: the
+  # config's sft.blind_fraction (`main` resolves it; 0 where no config names one).
+  blind_fraction: float = -1.0
   held_out: int = 512           # prefixes of validation problems
   baseline_pairs: int = 4_000   # training prefixes the baselines' tables are built from
   with_reference: float = 1.0   # share of critic prompts that carry the reference solution
@@ -84,6 +88,9 @@ class ExactSettings:
       raise ValueError(f'labels must be one of {LABELS}, got {self.labels!r}')
     if not 0.0 <= self.mistake_rate < 1.0:
       raise ValueError(f'mistake_rate must lie in [0, 1), got {self.mistake_rate}')
+    if not (self.blind_fraction == -1.0 or 0.0 <= self.blind_fraction < 1.0):
+      raise ValueError(f'blind_fraction must be -1 (the config\'s) or lie in [0, 1), got '
+                       f'{self.blind_fraction}')
     if self.cut_lines < 0:
       raise ValueError(f'cut_lines must be >= 0, got {self.cut_lines}')
     if min(self.pairs_per_update, self.eval_every, self.held_out) < 1 or self.pairs < 0:
@@ -99,7 +106,10 @@ class ExactSettings:
     return critic_warmup.WarmupSettings(
         curriculum=self.stages(), learning_rate=self.learning_rate,
         pairs_per_update=self.pairs_per_update, mistake_rate=self.mistake_rate,
-        with_reference=self.with_reference, seed=self.seed)
+        with_reference=self.with_reference, blind_fraction=self.blind(), seed=self.seed)
+
+  def blind(self) -> float:
+    return max(self.blind_fraction, 0.0)
 
 
 def prefixes(rt, settings: ExactSettings, split: str, seed: int, cut_lines: int | None = None
@@ -108,7 +118,7 @@ def prefixes(rt, settings: ExactSettings, split: str, seed: int, cut_lines: int 
   return critic_warmup.exact_prefixes(
       rt, split, seed, cut_lines=settings.cut_lines if cut_lines is None else cut_lines,
       mistake_rate=settings.mistake_rate, with_reference=settings.with_reference,
-      labels=settings.labels)
+      blind_fraction=settings.blind(), labels=settings.labels)
 
 
 def _table_baseline(train: Sequence[critic_warmup.ExactPrefix], key) -> callable:
@@ -380,5 +390,7 @@ def keep_as_warmup(config, workdir: str, rt, settings: ExactSettings, log=print)
 def main(argv: Sequence[str]) -> None:
   args, config, settings, rt, state = probe.build_from_args(
       'bench.py critic_exact', __doc__, ExactSettings, 'task.builtin_scoring=leading', argv)
+  if settings.blind_fraction < 0:
+    settings = dataclasses.replace(settings, blind_fraction=config.sft.blind_fraction)
   run(rt, state, settings, on_report=probe.curve_writer(args, settings),
       on_trained=keep_as_warmup(config, args.workdir, rt, settings))
